@@ -1,0 +1,45 @@
+"""Swap one function object for another wherever a module global *is* it.
+
+SGLang and FlashInfer bind ``fp4_quantize`` at import time (``from flashinfer
+import fp4_quantize``, ``... as fp4_quantize_flashinfer``), so patching the
+defining module alone leaves those copies pointing at the original. Matching by
+identity, not by name, catches aliases and never touches a different function
+that happens to be called ``fp4_quantize`` (sgl_kernel's ``scaled_fp4_quant``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from typing import Iterable, List, Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+def _module_dicts(modules: Optional[Iterable[types.ModuleType]]):
+    candidates = list(sys.modules.values()) if modules is None else modules
+    for module in candidates:
+        # Only real modules: some libraries park other objects in sys.modules, and touching their
+        # attributes can import things.
+        if isinstance(module, types.ModuleType):
+            namespace = module.__dict__
+            yield namespace.get("__name__", "?"), namespace
+
+
+def swap(old: object, new: object, modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:
+    """Rebind every module global that is ``old`` to ``new``; returns what was rebound."""
+    rebound = []
+    for module_name, namespace in _module_dicts(modules):
+        names = [name for name, value in list(namespace.items()) if value is old]
+        for name in names:
+            namespace[name] = new
+            rebound.append(Binding(module_name, name))
+    return rebound

@@ -1,0 +1,169 @@
+"""The replacement ``fp4_quantize``: the installed release's exact signature, two paths behind it.
+
+* Eager (not compiling): validate and call the preloaded kernel directly, no
+  dispatcher, no module lookup, no capability query.
+* Compiling: call ``torch.ops.fp4_dynamo_shim.fp4_quantize`` so Dynamo records
+  one opaque node with an exact fake.
+
+Arguments the op cannot carry (``backend="cute-dsl"``, ``batch_invariant=True``)
+go to the original function in eager mode and raise :class:`NotExpressibleError`
+inside a compiled region.
+
+The signature differs between releases (new parameters, a keyword-only one, a
+sentinel default), so the function is generated from ``inspect.signature`` of
+the original, like ``dataclasses`` generates ``__init__``: positional and
+keyword calls then bind exactly as they would on the original, at no per-call cost.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable, Optional
+
+import torch
+
+from . import ops
+from .errors import NotExpressibleError
+
+#: Parameters the core understands, in its positional order, with the value used when a release lacks one.
+CORE_PARAMETERS = {
+    "input": inspect.Parameter.empty,
+    "global_scale": inspect.Parameter.empty,
+    "sf_vec_size": inspect.Parameter.empty,
+    "sf_use_ue8m0": inspect.Parameter.empty,
+    "is_sf_swizzled_layout": inspect.Parameter.empty,
+    "is_sf_8x4_layout": inspect.Parameter.empty,
+    "is_global_scale_inversed": False,
+    "enable_pdl": inspect.Parameter.empty,
+    "backend": "cuda",
+    "nvfp4_4over6": None,
+    "batch_invariant": False,
+}
+#: ``backend`` values that mean FlashInfer's CUDA kernel, i.e. what the op runs.
+OP_BACKENDS = ("cuda", "auto")
+MARKER = "__fp4_dynamo_shim__"
+
+
+class Recipe:
+    """NVFP4 4over6 handling for releases that have the ``nvfp4_4over6`` parameter (0.7.1+).
+
+    Eager calls resolve through FlashInfer's own functions (which read
+    ``FLASHINFER_NVFP4_4OVER6*`` on every call, as FlashInfer does); compiled
+    regions use the environment as it was at apply time, since reading the
+    environment is not something a graph can do.
+    """
+
+    def __init__(self, module, unset):
+        self.unset = unset
+        self.resolve = module.resolve_nvfp4_4over6
+        self.code_of = module.nvfp4_4over6_code
+        self.environment_code_at_apply = self.code_of(self._environment_config())
+
+    def _environment_config(self):
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return self.resolve(self.unset)
+
+    def code(self, setting, input, sf_vec_size, sf_use_ue8m0, compiling: bool) -> int:
+        is_mxfp4 = sf_vec_size != 16 or sf_use_ue8m0
+        if setting is self.unset:
+            if is_mxfp4 or input.dtype == torch.float8_e4m3fn:
+                # FlashInfer: MXFP4 never reads the environment; FP8 kernels ignore an environment recipe.
+                return 0
+            return self.environment_code_at_apply if compiling else self.code_of(self.resolve(setting))
+        if setting is None:
+            return 0
+        if is_mxfp4:
+            raise ValueError(
+                "nvfp4_4over6 applies to NVFP4 only (sf_vec_size=16, sf_use_ue8m0=False); got "
+                f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0}."
+            )
+        if input.dtype == torch.float8_e4m3fn:
+            raise ValueError(f"NVFP4 4over6 requires fp16 or bf16 input, got {input.dtype}.")
+        return self.code_of(self.resolve(setting))
+
+
+def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> Callable:
+    """The function every generated signature forwards to, with all parameters in ``CORE_PARAMETERS`` order."""
+    present = tuple(name for name in CORE_PARAMETERS if name in parameter_names)
+    op = ops.fp4_quantize_op
+    is_compiling = torch.compiler.is_compiling
+    quantize, launch_for = ops.quantize, ops.launch_for
+
+    def call_original(*arguments):
+        values = dict(zip(CORE_PARAMETERS, arguments))
+        return original(**{name: values[name] for name in present})
+
+    def core(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+             is_global_scale_inversed, enable_pdl, backend, nvfp4_4over6, batch_invariant):
+        compiling = is_compiling()
+        if backend not in OP_BACKENDS or batch_invariant:
+            if compiling:
+                raise NotExpressibleError(
+                    f"fp4_dynamo_shim: fp4_quantize(backend={backend!r}, batch_invariant={batch_invariant!r}) "
+                    "cannot run inside torch.compile; only FlashInfer's CUDA kernel (backend='cuda'/'auto', "
+                    "batch_invariant=False) is behind the custom op. Call it outside the compiled region."
+                )
+            return call_original(
+                input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                is_global_scale_inversed, enable_pdl, backend, nvfp4_4over6, batch_invariant,
+            )
+        code = 0 if recipe is None else recipe.code(nvfp4_4over6, input, sf_vec_size, sf_use_ue8m0, compiling)
+        if compiling:
+            return op(
+                input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+                is_global_scale_inversed, enable_pdl, code,
+            )
+        return quantize(
+            input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
+            is_global_scale_inversed, enable_pdl, code, launch_for(input),
+        )
+
+    return core
+
+
+def build(original: Callable, module) -> Callable:
+    """Generate the replacement for ``original`` (defined in ``module``) with its exact signature."""
+    signature = inspect.signature(original)
+    unknown = [name for name in signature.parameters if name not in CORE_PARAMETERS]
+    if unknown:
+        raise TypeError(f"fp4_quantize has parameters the shim does not know: {', '.join(unknown)}")
+    recipe = None
+    if "nvfp4_4over6" in signature.parameters:
+        recipe = Recipe(module, signature.parameters["nvfp4_4over6"].default)
+    core = make_core(original, signature.parameters, recipe)
+
+    namespace = {"_core": core}
+    declared, keyword_only_started = [], False
+    for parameter in signature.parameters.values():
+        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            raise TypeError(f"fp4_quantize parameter {parameter.name!r} is {parameter.kind.description}")
+        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only_started:
+            declared.append("*")
+            keyword_only_started = True
+        if parameter.default is parameter.empty:
+            declared.append(parameter.name)
+        else:
+            namespace[f"_default_{parameter.name}"] = parameter.default
+            declared.append(f"{parameter.name}=_default_{parameter.name}")
+    forwarded = []
+    for name, absent_value in CORE_PARAMETERS.items():
+        if name in signature.parameters:
+            forwarded.append(name)
+        else:
+            namespace[f"_absent_{name}"] = absent_value
+            forwarded.append(f"_absent_{name}")
+    source = f"def fp4_quantize({', '.join(declared)}):\n    return _core({', '.join(forwarded)})\n"
+    exec(compile(source, f"<fp4_dynamo_shim generated {original.__module__}.fp4_quantize>", "exec"), namespace)
+    replacement = namespace["fp4_quantize"]
+    functools.update_wrapper(replacement, original)
+    replacement.__annotations__ = dict(getattr(original, "__annotations__", {}))
+    setattr(replacement, MARKER, True)
+    return replacement
+
+
+def is_shim(function) -> bool:
+    return getattr(function, MARKER, False) is True

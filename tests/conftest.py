@@ -1,0 +1,71 @@
+"""Shared fixtures. Tests use real FlashInfer, real torch.compile and real subprocesses; the few
+stand-ins (for pieces that need a GPU) say so where they are used."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from fp4_dynamo_shim import ops, patching, targets
+from fp4_dynamo_shim.config import Settings
+
+SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo_and_applied_shim():
+    """Every test starts with the shim applied and an empty Dynamo cache, and leaves it that way."""
+    torch._dynamo.reset()
+    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+    yield
+    torch._dynamo.reset()
+    applied = patching._applied
+    if applied is not None and applied.settings != Settings.from_environment():
+        fp4_dynamo_shim.revert()  # a test changed FP4_DYNAMO_SHIM_* and monkeypatch has put it back
+    if not fp4_dynamo_shim.status()["applied"]:
+        assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+
+
+@pytest.fixture
+def unpatched():
+    """FlashInfer as it is without the shim, for the duration of one test."""
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+    fp4_dynamo_shim.apply()
+
+
+@pytest.fixture
+def target_row():
+    """Temporarily make the op behave like another FlashInfer release's row of the targets table."""
+    saved = (ops._target, ops._cuda_launchers)
+
+    def use(target: targets.Target) -> None:
+        ops.configure(target, saved[1])
+
+    yield use
+    ops.configure(*saved)
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,
+               args: tuple = ()) -> subprocess.CompletedProcess:
+    """Run ``python -c code`` in a fresh interpreter with the source tree importable."""
+    environment = dict(os.environ)
+    environment.pop("FP4_DYNAMO_SHIM", None)
+    environment.update(env or {})
+    path = [SRC] + ([extra_path] if extra_path else []) + [environment.get("PYTHONPATH", "")]
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return subprocess.run(
+        [sys.executable, *args, "-c", code], capture_output=True, text=True, timeout=timeout, env=environment
+    )
+
+
+def installed_target() -> targets.Target:
+    return targets.target_for(patching.flashinfer_version())
