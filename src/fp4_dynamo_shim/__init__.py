@@ -6,6 +6,8 @@ with the same signature that calls the ``fp4_dynamo_shim::fp4_quantize`` custom 
 ``apply``, ``revert`` and ``status`` are the whole public API.
 """
 
+import os
+
 from . import config
 from .patching import apply, revert, status
 
@@ -13,4 +15,6 @@ __all__ = ["apply", "revert", "status"]
 __version__ = "0.1.0"
 
 if not config.disabled():
+    # Children of this process (SGLang spawns its workers) apply the shim through the import hook.
+    os.environ[config.HOOK] = "1"
     apply()

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cuda_version, ops, preload, rebind, targets, wrapper
+from . import cuda_version, ops, preload, rebind, sglang, targets, wrapper
 from .config import Settings
 from .errors import ApplyError
 
@@ -155,12 +155,20 @@ def revert() -> bool:
         return True
 
 
-def rebind_module(module) -> None:
-    """Post-import hook body: rebind a module imported after apply() (e.g. one that copied an original)."""
+def rebind_modules(modules=None) -> List[rebind.Binding]:
+    """Rebind originals that appeared after apply() (all of sys.modules by default); returns what changed.
+
+    Modules imported after apply() already get the replacements from FlashInfer's patched modules; this is
+    for code that kept an original some other way, and is what the SGLang plugin runs in each worker.
+    """
     with _lock:
-        if _applied is not None:
-            for old, new in _applied.swaps:
-                _applied.bindings.extend(rebind.swap(old, new, [module]))
+        if _applied is None:
+            return []
+        found = []
+        for old, new in _applied.swaps:
+            found.extend(rebind.swap(old, new, modules))
+        _applied.bindings.extend(found)
+        return found
 
 
 def original_function() -> Optional[Callable]:
@@ -179,6 +187,7 @@ def status() -> dict:
             "supported_flashinfer": targets.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
+            "sglang": sglang.describe(),
         }
         if applied is None:
             return report
@@ -202,7 +211,26 @@ def status() -> dict:
                 "nvcc_path": applied.cuda.nvcc_path,
             },
             devices=[dataclasses.asdict(device) for device in applied.devices],
+            skipped=_skipped(applied),
             fallback=applied.settings.fallback,
             strict=applied.settings.strict,
         )
         return report
+
+
+def _skipped(applied: _Applied) -> List[str]:
+    """Things the shim deliberately does not do here, with the reason."""
+    skipped = []
+    if not applied.devices:
+        skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
+    for device in applied.devices:
+        if device.mode == "refuse":
+            skipped.append(
+                f"cuda:{device.index} {device.name} SM{device.backend}: no FP4 kernel below SM100, calls raise "
+                "(FP4_DYNAMO_SHIM_FALLBACK=reference runs the reference quantizer there)"
+            )
+        elif device.mode == "reference":
+            skipped.append(f"cuda:{device.index} SM{device.backend}: FlashInfer kernel not used, reference quantizer runs")
+    if applied.cuda.version is None:
+        skipped.append("CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept")
+    return skipped

@@ -1,0 +1,313 @@
+"""``python -m fp4_dynamo_shim.verify``: does the shim work on this machine?
+
+Prints the environment, what was patched, then one line per check. Exit code 0
+when every check passed or was skipped, 1 when one failed, 2 when the shim
+could not apply. ``--json`` prints one JSON document instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import platform
+import sys
+import time
+import traceback
+from typing import Callable, List, Optional
+
+import torch
+
+import fp4_dynamo_shim
+from fp4_dynamo_shim import ops, patching, sglang
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED = 0, 1, 2
+
+
+class Skip(Exception):
+    """A check that does not apply here; the message says why."""
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    result: str  # "pass", "fail", "skip" or "info"
+    detail: str
+    seconds: float
+
+
+def _inputs(rows: int, device: str, columns: int = 256):
+    generator = torch.Generator(device=device).manual_seed(rows)
+    x = torch.randn(rows, columns, device=device, dtype=torch.bfloat16, generator=generator)
+    return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+
+
+def _quantize(x, global_scale):
+    import flashinfer
+
+    return flashinfer.fp4_quantize(x, global_scale)
+
+
+def _computes_values(device: str) -> bool:
+    """Whether outputs on ``device`` hold real values (CPU reference, SM100+ kernel, or the reference fallback)."""
+    if device == "cpu":
+        return True
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
+    entry = loaded.get(torch.cuda.current_device())
+    return bool(entry) and entry["mode"] in ("kernel", "reference")
+
+
+def _launches(device: str) -> bool:
+    if device == "cpu":
+        return True
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
+    entry = loaded.get(torch.cuda.current_device())
+    return bool(entry) and entry["mode"] != "refuse"
+
+
+def check_trace_static(device: str) -> str:
+    x, scale = _inputs(37, device)
+    explanation = torch._dynamo.explain(_quantize)(x, scale)
+    if explanation.graph_break_count or explanation.graph_count != 1:
+        raise AssertionError(f"{explanation.graph_count} graphs, {explanation.graph_break_count} graph breaks: "
+                             f"{[str(b.reason) for b in explanation.break_reasons]}")
+    return "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)"
+
+
+def check_trace_dynamic(device: str) -> str:
+    counter = torch._dynamo.testing.CompileCounter()
+    compiled = torch.compile(_quantize, fullgraph=True, backend=counter, dynamic=None)
+    sizes = (2, 17, 300)  # M=1 would be specialised by Dynamo's 0/1 rule, as for any tensor
+    for rows in sizes:
+        x, scale = _inputs(rows, device)
+        torch._dynamo.mark_dynamic(x, 0)
+        compiled(x, scale)
+    if counter.frame_count != 1:
+        raise AssertionError(f"{counter.frame_count} compilations for M in {sizes}; expected 1")
+    return f"dim 0 marked dynamic, M in {sizes}: 1 graph, 0 graph breaks, no recompilation"
+
+
+def check_opcheck(device: str) -> str:
+    from torch.library import opcheck
+
+    x, scale = _inputs(64, device)
+    arguments = (x, scale, 16, False, True, False, False, None, 0)
+    if _computes_values(device):
+        opcheck(ops.fp4_quantize_op, arguments)
+        return f"torch.library.opcheck on {ops.NAMESPACE}::{ops.OP_NAME} ({device}): all tests"
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run")
+    opcheck(ops.fp4_quantize_op, arguments, test_utils=("test_schema", "test_faketensor"))
+    return "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"
+
+
+def check_compiled_matches_eager(device: str) -> str:
+    if not _computes_values(device):
+        raise Skip("no FP4 values on this GPU (SM<100); FP4_DYNAMO_SHIM_FALLBACK=reference makes them")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    for rows in (1, 33, 256):
+        x, scale = _inputs(rows, device)
+        for got, want in zip(compiled(x, scale), _quantize(x, scale)):
+            if got.shape != want.shape or got.stride() != want.stride() or not torch.equal(got, want):
+                raise AssertionError(f"M={rows}: compiled output differs from eager")
+    where = "reference quantizer" if device == "cpu" or _mode(device) == "reference" else "FlashInfer kernel"
+    return f"inductor output equals eager bitwise for M in (1, 33, 256) ({where})"
+
+
+def _mode(device: str) -> Optional[str]:
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
+    entry = loaded.get(torch.cuda.current_device()) if device == "cuda" else None
+    return entry["mode"] if entry else None
+
+
+def check_cuda_graph(device: str) -> str:
+    if device != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    x, scale = _inputs(64, device)
+    for _ in range(2):
+        compiled(x, scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outputs = compiled(x, scale)
+    fresh, _ = _inputs(65, device)
+    x.copy_(fresh[:64])
+    graph.replay()
+    torch.cuda.synchronize()
+    if not _computes_values(device):
+        return "captured and replayed (values not compared: the kernel writes nothing on this GPU)"
+    for got, want in zip(static_outputs, _quantize(x, scale)):
+        if not torch.equal(got, want):
+            raise AssertionError("replayed outputs differ from eager on the same inputs")
+    return "captured and replayed; replay outputs equal eager bitwise on fresh inputs"
+
+
+def check_sglang_compile_path(device: str) -> str:
+    described = sglang.describe()
+    if described.get("installed") is None:
+        raise Skip("sglang is not installed")
+    if not described.get("compile_path_check"):
+        raise Skip(f"sglang {described['installed']}: {described.get('note', 'no install_torch_compiled path')}")
+    if device != "cuda":
+        raise Skip("SGLang's piecewise CUDA graph needs a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    outcome = sglang.compile_path_check(compare_values=_computes_values(device))
+    if outcome["replays_equal_eager"] is False:
+        raise AssertionError("replays through SGLang's piecewise CUDA graphs differ from eager")
+    compared = "equal eager" if outcome["replays_equal_eager"] else "not compared (no FP4 values on this GPU)"
+    return (f"sglang {described['installed']} install_torch_compiled + SGLangBackend, capture sizes "
+            f"{outcome['capture_sizes']}: traced, captured, replayed; outputs {compared}")
+
+
+def check_baseline(device: str) -> str:
+    """Show FlashInfer's own function failing under fullgraph (what the shim fixes)."""
+    if device != "cuda":
+        raise Skip("the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)")
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    try:
+        x, scale = _inputs(16, device)
+        torch.compile(_quantize, fullgraph=True, backend="eager")(x, scale)
+    except Exception as error:  # the point of this check is to show it
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"unpatched: {type(error).__name__}: {first_line[:160]} (expected; the shim fixes this)"
+    finally:
+        torch._dynamo.reset()
+        fp4_dynamo_shim.apply()
+    raise AssertionError("the unpatched function compiled under fullgraph; the shim is not needed here")
+
+
+CHECKS: List[tuple] = [
+    ("trace-static", check_trace_static),
+    ("trace-dynamic", check_trace_dynamic),
+    ("opcheck", check_opcheck),
+    ("compiled-vs-eager", check_compiled_matches_eager),
+    ("cuda-graph", check_cuda_graph),
+    ("sglang-compile", check_sglang_compile_path),
+]
+
+
+def run_check(name: str, check: Callable, device: str) -> Result:
+    started = time.perf_counter()
+    try:
+        detail, result = check(device), "pass"
+    except Skip as skip:
+        detail, result = str(skip), "skip"
+    except Exception as error:
+        lines = traceback.format_exception_only(type(error), error)
+        detail, result = "".join(lines).strip().splitlines()[0][:400], "fail"
+    finally:
+        torch._dynamo.reset()
+    if name == "baseline" and result == "pass":
+        result = "info"
+    return Result(name, result, detail, round(time.perf_counter() - started, 2))
+
+
+def environment() -> dict:
+    status = fp4_dynamo_shim.status()
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            gpus.append({"index": index, "name": torch.cuda.get_device_name(index), "arch": f"SM{major}{minor}",
+                         "fp4_kernel": major >= 10})
+    jit_cache = None
+    with contextlib.suppress(Exception):
+        from flashinfer.jit import env as jit_env
+
+        jit_cache = str(jit_env.FLASHINFER_JIT_DIR)
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": gpus,
+        "flashinfer": status["flashinfer"],
+        "supported_flashinfer": status["supported_flashinfer"],
+        "sglang": status["sglang"],
+        "fp4_dynamo_shim": fp4_dynamo_shim.__version__,
+        "jit_cache": jit_cache,
+    }
+
+
+def _print_text(env: dict, status: dict, results: List[Result], exit_code: int) -> None:
+    print(f"fp4-dynamo-shim {env['fp4_dynamo_shim']} verify")
+    print("environment")
+    print(f"  python       {env['python']}")
+    print(f"  torch        {env['torch']} (CUDA {env['cuda']})")
+    for gpu in env["gpus"] or [None]:
+        if gpu is None:
+            print("  gpu          none visible")
+        else:
+            kernel = "yes" if gpu["fp4_kernel"] else "no (Blackwell SM100+ only)"
+            print(f"  gpu          cuda:{gpu['index']} {gpu['name']} {gpu['arch']}, FP4 quantize kernel: {kernel}")
+    print(f"  flashinfer   {env['flashinfer']} (supported: {env['supported_flashinfer']})")
+    sglang_info = env["sglang"]
+    print(f"  sglang       {sglang_info.get('installed') or 'not installed'}"
+          + (f": {sglang_info['note']}" if sglang_info.get("note") else ""))
+    print(f"  jit cache    {env['jit_cache']}")
+    if status["applied"]:
+        cuda = status["cuda_version"]
+        print(f"shim applied: CUDA version {cuda['value']} (from {cuda['source']}), "
+              f"fallback={status['fallback']}, op {status['op']}")
+        for device in status["devices"]:
+            load = f", loaded in {device['load_seconds']:.1f} s" if device["load_seconds"] is not None else ""
+            print(f"  cuda:{device['index']} SM{device['backend']}: {device['mode']}{load}")
+        print("  rebound: " + ", ".join(status["rebound"]))
+        for skipped in status["skipped"]:
+            print(f"  skipped: {skipped}")
+    else:
+        print(f"shim NOT applied: {status['problem']}")
+    if results:
+        print("checks")
+        for result in results:
+            print(f"  {result.result.upper():4}  {result.name:18} {result.detail} [{result.seconds:.1f} s]")
+    counts = {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip")}
+    print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; exit {exit_code}")
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="fp4-dynamo-shim verify", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    parser.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
+    options = parser.parse_args(argv)
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU visible")
+
+    env = environment()
+    results: List[Result] = []
+    status = fp4_dynamo_shim.status()
+    if not status["applied"]:
+        exit_code = EXIT_NOT_APPLIED
+    else:
+        for name, check in CHECKS:
+            if not options.json:
+                print(f"  running {name} ...", file=sys.stderr, flush=True)
+            results.append(run_check(name, check, device))
+        if options.baseline:
+            results.append(run_check("baseline", check_baseline, device))
+        exit_code = EXIT_CHECK_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
+        status = fp4_dynamo_shim.status()
+
+    if options.json:
+        document = {
+            "environment": env,
+            "status": status,
+            "device": device,
+            "checks": [dataclasses.asdict(r) for r in results],
+            "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
+            "exit_code": exit_code,
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        _print_text(env, status, results, exit_code)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""Activation routes: the .pth import hook (in real spawned children), sitecustomize, the SGLang plugin, verify.
+
+The ``installed`` fixture builds this project's wheel and installs it into a fresh virtual environment,
+so the ``.pth`` file, the entry point and the console script are the ones a user gets. Its other
+dependencies (torch, flashinfer, wrapt) come from the running environment through a path-only .pth.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import venv
+from pathlib import Path
+
+import pytest
+
+from fp4_dynamo_shim import hook, sglang
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+class Installed:
+    def __init__(self, root: Path):
+        self.root = root
+        self.python = root / "env" / "bin" / "python"
+        self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+
+    def run(self, code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        environment = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), **(env or {})}
+        return subprocess.run([str(self.python), "-c", code], capture_output=True, text=True, timeout=timeout,
+                              env=environment, cwd=self.root)
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("installed")
+    wheels = root / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(wheels), str(PROJECT)], check=True, capture_output=True)
+    (wheel,) = wheels.glob("fp4_dynamo_shim-*.whl")
+    venv.create(root / "env", with_pip=False)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", "--prefix",
+                    str(root / "env"), str(wheel)], check=True, capture_output=True)
+    environment = Installed(root)
+    # Dependencies only: appended after the venv's own site-packages (.pth files there are not run); named
+    # to sort before fp4_dynamo_shim.pth, as a real install has wrapt in place before the hook runs.
+    (environment.site / "00_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    assert (environment.site / "fp4_dynamo_shim.pth").exists(), "the wheel must carry the .pth at its root"
+    return environment
+
+
+SPAWN_PARENT = textwrap.dedent("""
+    import json, multiprocessing, os, sys
+
+    def child(queue):
+        import flashinfer, torch
+        from flashinfer import fp4_quantize
+        patched = getattr(fp4_quantize, "__fp4_dynamo_shim__", False)
+        result = {"patched": patched, "shim_imported": "fp4_dynamo_shim" in sys.modules}
+        if patched:
+            x = torch.randn(16, 128, dtype=torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 0)
+            explanation = torch._dynamo.explain(lambda t, s: fp4_quantize(t, s))(x, torch.tensor([1.0]))
+            result.update(graphs=explanation.graph_count, breaks=explanation.graph_break_count)
+        queue.put(result)
+
+    if __name__ == "__main__":
+        assert "fp4_dynamo_shim" not in sys.modules and "torch" not in sys.modules
+        context = multiprocessing.get_context("spawn")
+        queue = context.Queue()
+        process = context.Process(target=child, args=(queue,))
+        process.start()
+        print(json.dumps(queue.get(timeout=500)))
+        process.join()
+""")
+
+
+@pytest.mark.parametrize("variable", ["1", None])
+def test_spawned_child_applies_the_shim_only_with_the_environment_variable(installed, variable, tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(SPAWN_PARENT)
+    env = {"FP4_DYNAMO_SHIM": variable} if variable else {}
+    result = subprocess.run([str(installed.python), str(script)], capture_output=True, text=True, timeout=600,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    child = json.loads(result.stdout.strip().splitlines()[-1])
+    if variable:
+        assert child == {"patched": True, "shim_imported": True, "graphs": 1, "breaks": 0}
+    else:
+        assert child == {"patched": False, "shim_imported": False}
+
+
+STARTUP_MODULES = (
+    "import sys, json; print(json.dumps(sorted(m for m in sys.modules "
+    "if m.split('.')[0] in ('torch', 'flashinfer', 'fp4_dynamo_shim', 'fp4_dynamo_shim_hook', 'wrapt'))))"
+)
+
+
+@pytest.mark.parametrize("variable", ["1", None])
+def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
+    result = installed.run(STARTUP_MODULES, env={"FP4_DYNAMO_SHIM": variable} if variable else {})
+    assert result.returncode == 0 and result.stderr == ""
+    loaded = json.loads(result.stdout)
+    assert not any(m.split(".")[0] in ("torch", "flashinfer", "fp4_dynamo_shim") for m in loaded)
+    assert ("fp4_dynamo_shim_hook" in loaded) == bool(variable)  # the hook is all that start-up loads
+
+
+def test_a_hook_that_raises_at_startup_does_not_stop_the_interpreter(installed, tmp_path):
+    (tmp_path / "wrapt.py").write_text("raise RuntimeError('wrapt is broken here')\n")
+    result = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0 and result.stdout.strip() == "alive"
+    warnings = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(warnings) == 1 and "fp4_dynamo_shim import hook" in warnings[0] and "wrapt is broken" in warnings[0]
+
+
+def test_a_hook_that_raises_when_flashinfer_is_imported_does_not_stop_the_program(installed, tmp_path):
+    broken = tmp_path / "fp4_dynamo_shim"
+    broken.mkdir()
+    (broken / "__init__.py").write_text("raise RuntimeError('shim is broken here')\n")
+    result = installed.run("import flashinfer; print('alive', flashinfer.__version__)",
+                           env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0 and result.stdout.startswith("alive")
+    warnings = [line for line in result.stderr.splitlines() if "fp4_dynamo_shim" in line]
+    assert len(warnings) == 1 and "shim is broken here" in warnings[0]
+
+
+def test_install_and_uninstall_hook_round_trip_keeps_an_existing_sitecustomize(tmp_path):
+    existing = "import os\nos.environ.setdefault('SOMETHING', 'kept')\n"
+    (tmp_path / "sitecustomize.py").write_text(existing)
+    path, changed = hook.install_hook(tmp_path)
+    assert changed and path == tmp_path / "sitecustomize.py"
+    text = path.read_text()
+    assert text.startswith(existing) and hook.BEGIN in text and text.count(hook.BEGIN) == 1
+    assert hook.install_hook(tmp_path) == (path, False) and path.read_text() == text  # idempotent
+    assert hook.uninstall_hook(tmp_path) == (path, True)
+    assert path.read_text() == existing
+    assert hook.uninstall_hook(tmp_path) == (path, False)
+
+
+def test_uninstall_removes_a_sitecustomize_that_only_held_the_hook(tmp_path):
+    hook.install_hook(tmp_path)
+    assert hook.uninstall_hook(tmp_path)[1] and not (tmp_path / "sitecustomize.py").exists()
+
+
+def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
+    from conftest import SRC
+
+    result = subprocess.run([sys.executable, "-m", "fp4_dynamo_shim", "install-hook", "--site-dir", str(tmp_path)],
+                            capture_output=True, text=True, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0 and str(tmp_path / "sitecustomize.py") in result.stdout
+    code = "import flashinfer; print(getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False))"
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": f"{tmp_path}:{SRC}", "PATH": "/usr/bin:/bin"})
+    assert ran.stdout.strip() == "True", ran.stderr
+
+
+def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(installed, tmp_path):
+    (tmp_path / "early_sglang_layer.py").write_text("from flashinfer import fp4_quantize as bound_early\n")
+    code = textwrap.dedent("""
+        import importlib.metadata, json
+        import flashinfer, early_sglang_layer
+        before = getattr(early_sglang_layer.bound_early, "__fp4_dynamo_shim__", False)
+        (entry,) = [e for e in importlib.metadata.entry_points(group="sglang.srt.plugins") if e.name == "fp4_dynamo_shim"]
+        entry.load()()   # what sglang.srt.plugins.load_plugins() does in each scheduler process
+        after = getattr(early_sglang_layer.bound_early, "__fp4_dynamo_shim__", False)
+        print(json.dumps([entry.value, before, after, early_sglang_layer.bound_early is flashinfer.fp4_quantize]))
+    """)
+    result = installed.run(code, env={"PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == ["fp4_dynamo_shim.sglang:plugin", False, True, True]
+
+
+@pytest.mark.parametrize("version, wraps, check", [
+    ("0.5.3.post1", False, False), ("0.5.3.post2", False, True), ("0.5.9", False, True), ("0.5.11", False, True),
+    ("0.5.12", True, True), ("0.5.13.post1", True, True), ("0.5.14", True, False), ("0.5.23", True, False),
+])
+def test_sglang_releases_are_described_from_the_table(version, wraps, check):
+    release = sglang.release_for(version)
+    assert (release.wraps_fp4_quantize, release.compile_path_check) == (wraps, check)
+
+
+def test_verify_cpu_run_passes_and_its_json_parses(installed):
+    # The console script, run by the venv's interpreter (pip --prefix wrote the installing one's shebang).
+    script = installed.root / "env" / "bin" / "fp4-dynamo-shim"
+    result = subprocess.run([str(installed.python), str(script), "verify", "--json", "--device", "cpu"], capture_output=True, text=True, timeout=600,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(installed.root)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 0 and document["device"] == "cpu"
+    assert {c["name"]: c["result"] for c in document["checks"]} == {
+        "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
+        "cuda-graph": "skip", "sglang-compile": "skip",
+    }
+    assert document["status"]["applied"] and document["environment"]["flashinfer"]
+    assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])
+
+
+def test_verify_exits_2_when_the_shim_cannot_apply(installed):
+    result = installed.run("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--json']))",
+                           env={"FP4_DYNAMO_SHIM_FALLBACK": "not-a-choice"})
+    assert result.returncode == 2
+    document = json.loads(result.stdout)
+    assert document["exit_code"] == 2 and "not-a-choice" in document["status"]["problem"]
+
+
+def test_verify_exits_1_when_a_check_fails(installed):
+    # Fault injection: break the op's fake so that compiled outputs no longer match eager strides.
+    code = textwrap.dedent("""
+        import sys
+        from fp4_dynamo_shim import ops, verify
+        real = ops.quantize
+        def wrong_strides(*args, **kwargs):
+            packed, sf = real(*args, **kwargs)
+            return packed, sf.t().contiguous().t() if kwargs.get("launch") is None else sf
+        ops.quantize = wrong_strides
+        sys.exit(verify.main(["--json", "--device", "cpu"]))
+    """)
+    result = installed.run(code)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert any(c["result"] == "fail" for c in json.loads(result.stdout)["checks"])
