@@ -45,13 +45,13 @@ def unpatched():
 @pytest.fixture
 def target_row():
     """Temporarily make the op behave like another FlashInfer release's row of the targets table."""
-    saved = (ops._target, ops._cuda_launchers)
+    saved = (ops._target, ops._launchers)
 
     def use(target: targets.Target) -> None:
-        ops.configure(target, saved[1])
+        ops._target = target
 
     yield use
-    ops.configure(*saved)
+    ops._target, ops._launchers = saved
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,

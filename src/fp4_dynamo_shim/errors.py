@@ -13,5 +13,17 @@ class NoFp4KernelError(ShimError):
     """The GPU has no FP4 quantize kernel (SM < 100): FlashInfer would hand back uninitialized memory."""
 
 
-class NotExpressibleError(ShimError):
-    """An argument combination the custom op cannot carry was used inside a compiled region."""
+class NotExpressibleError(ShimError, ValueError):
+    """An argument combination the custom op cannot carry was used inside a compiled region.
+
+    Also a ValueError: in eager mode the same arguments reach FlashInfer, which raises ValueError for
+    the ones it does not know either (an unknown ``backend``).
+    """
+
+
+class InvalidArgumentError(ValueError, RuntimeError):
+    """An argument fp4_quantize cannot accept.
+
+    A ValueError, because that is what it is, and a RuntimeError, because that is what FlashInfer's
+    kernel checks raise for the same inputs: ``except RuntimeError`` written for FlashInfer keeps working.
+    """

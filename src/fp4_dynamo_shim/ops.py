@@ -19,7 +19,7 @@ from typing import Callable, Optional
 import torch
 
 from . import layout, reference
-from .errors import ShimError
+from .errors import InvalidArgumentError, ShimError
 from .targets import Target
 
 NAMESPACE = "fp4_dynamo_shim"
@@ -31,15 +31,16 @@ SCHEMA = (
 )
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 
-#: Set by apply(): the release's target row and a launch function per CUDA device index.
+#: Set by apply(): the release's target row, and a launch function per ``Tensor.get_device()`` index
+#: (-1, i.e. CPU, runs the reference quantizer).
 _target: Optional[Target] = None
-_cuda_launchers: dict = {}
+_launchers: dict = {}
 
 
 def configure(target: Optional[Target], cuda_launchers: dict) -> None:
-    global _target, _cuda_launchers
+    global _target, _launchers
     _target = target
-    _cuda_launchers = cuda_launchers
+    _launchers = {**cuda_launchers, -1: launch_reference}
 
 
 def active_target() -> Target:
@@ -48,44 +49,51 @@ def active_target() -> Target:
     return _target
 
 
-def _check_arguments(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target) -> None:
-    """Reject what the kernel would reject (or silently misread), before anything is allocated."""
+def _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target) -> None:
+    """Raise for the first thing the kernel would reject or silently misread; return if all is well.
+
+    Only reached when :func:`quantize`'s one-line screen saw something unusual, so the eager hot path
+    pays for a handful of comparisons, not for this.
+    """
     if input.dtype not in INPUT_DTYPES:
-        raise NotImplementedError(
+        raise InvalidArgumentError(
             f"fp4_quantize only supports input tensor with dtypes fp16/bf16/e4m3, got {input.dtype}"
         )
     if sf_use_ue8m0 and sf_vec_size != 32:
-        raise ValueError(f"sf_vec_size can only be 32 when sf_use_ue8m0 is true, got {sf_vec_size}")
-    if not sf_use_ue8m0:
-        if sf_vec_size != 16:
-            raise ValueError(f"sf_vec_size can only be 16 when sf_use_ue8m0 is false, got {sf_vec_size}")
-        if global_scale is None:
-            raise ValueError("global_scale is required when sf_use_ue8m0 is false (NVFP4)")
+        raise InvalidArgumentError(f"sf_vec_size can only be 32 when sf_use_ue8m0 is true, got {sf_vec_size}")
+    if not sf_use_ue8m0 and sf_vec_size != 16:
+        raise InvalidArgumentError(f"sf_vec_size can only be 16 when sf_use_ue8m0 is false, got {sf_vec_size}")
+    if not sf_use_ue8m0 and global_scale is None:
+        raise InvalidArgumentError("global_scale is required when sf_use_ue8m0 is false (NVFP4)")
     if input.shape[-1] % sf_vec_size != 0:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"fp4_quantize: the last dimension ({input.shape[-1]}) must be a multiple of sf_vec_size ({sf_vec_size})"
         )
     if not input.is_contiguous():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"fp4_quantize: input must be contiguous row-major or column-major, got shape "
             f"{tuple(input.shape)} with strides {input.stride()}"
         )
-    if global_scale is not None:
-        if not target.converts_global_scale:
-            if global_scale.dtype != torch.float32:
-                raise TypeError(f"fp4_quantize: global_scale must be float32, got {global_scale.dtype}")
-            if global_scale.device != input.device:
-                raise ValueError(
-                    f"fp4_quantize: global_scale is on {global_scale.device} but input is on {input.device}"
-                )
-        rows = input.numel() // input.shape[-1]
-        allowed = "1 or one per row" if target.row_wise_global_scale else "1"
-        if global_scale.numel() != 1 and not (target.row_wise_global_scale and global_scale.numel() == rows):
-            raise ValueError(
-                f"fp4_quantize: global_scale must have {allowed} element(s), got shape {tuple(global_scale.shape)}"
-            )
     if nvfp4_4over6_code != 0 and (sf_use_ue8m0 or input.dtype == torch.float8_e4m3fn):
-        raise ValueError("nvfp4_4over6 applies to NVFP4 (sf_vec_size=16) with fp16 or bf16 input only")
+        raise InvalidArgumentError("nvfp4_4over6 applies to NVFP4 (sf_vec_size=16) with fp16 or bf16 input only")
+
+
+def _checked_global_scale(global_scale, input, rows, target):
+    """The global scale the kernel will read: converted where the release converts, else validated."""
+    if global_scale.numel() != 1 and not (target.row_wise_global_scale and global_scale.numel() == rows):
+        allowed = "1 or one per row" if target.row_wise_global_scale else "1"
+        raise InvalidArgumentError(
+            f"fp4_quantize: global_scale must have {allowed} element(s), got shape {tuple(global_scale.shape)}"
+        )
+    if target.converts_global_scale:
+        return global_scale.to(device=input.device, dtype=torch.float32)
+    if global_scale.dtype != torch.float32:
+        raise InvalidArgumentError(f"fp4_quantize: global_scale must be float32, got {global_scale.dtype}")
+    if global_scale.device != input.device:
+        raise InvalidArgumentError(
+            f"fp4_quantize: global_scale is on {global_scale.device} but input is on {input.device}"
+        )
+    return global_scale
 
 
 def quantize(
@@ -100,41 +108,57 @@ def quantize(
     nvfp4_4over6_code: int,
     launch: Optional[Callable],
 ):
-    """FlashInfer's ``fp4_quantize`` minus the module lookup: shape logic here, arithmetic in ``launch``."""
-    target = active_target()
+    """FlashInfer's ``fp4_quantize`` minus the module lookup: shape logic here, arithmetic in ``launch``.
+
+    This is also the eager hot path, hence the terse screens before the detailed checks.
+    """
+    target = _target
+    if target is None:
+        active_target()
     if sf_vec_size != 16 and sf_vec_size != 32:
         raise NotImplementedError("sf_vec_size can only be 16 or 32")
     if input.dim() < 2:
-        raise ValueError(f"fp4_quantize: input must have at least 2 dimensions, got shape {tuple(input.shape)}")
+        raise InvalidArgumentError(
+            f"fp4_quantize: input must have at least 2 dimensions, got shape {tuple(input.shape)}"
+        )
     is_column_major = input.stride(-2) == 1
     if is_column_major:
         input = input.transpose(-2, -1)
-    _check_arguments(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target)
-    if target.converts_global_scale and global_scale is not None:
-        global_scale = global_scale.to(device=input.device, dtype=torch.float32)
-
-    columns = input.shape[-1]
+    shape = input.shape
+    columns = shape[-1]
+    if (input.dtype not in INPUT_DTYPES or columns % sf_vec_size or not input.is_contiguous()
+            or (sf_vec_size != 32 if sf_use_ue8m0 else (sf_vec_size != 16 or global_scale is None))
+            or nvfp4_4over6_code):
+        _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target)
     rows = input.numel() // columns
+    if global_scale is not None and (
+        global_scale.dtype != torch.float32 or global_scale.get_device() != input.get_device()
+        or global_scale.numel() != 1
+    ):
+        global_scale = _checked_global_scale(global_scale, input, rows, target)
+
     sf_columns = columns // sf_vec_size
-    out_val = input.new_empty((*input.shape[:-1], columns // 2), dtype=torch.uint8)
+    out_val = input.new_empty((*shape[:-1], columns // 2), dtype=torch.uint8)
     if is_sf_swizzled_layout:
-        padded_rows, padded_columns = layout.swizzled_sf_shape(rows, sf_columns, is_sf_8x4_layout)
-        sf_size = capacity = padded_rows * padded_columns
-        view_columns = padded_columns if target.swizzled_sf_padded_columns else sf_columns
+        row_tile = layout.ROWS_8X4 if is_sf_8x4_layout else layout.ROWS_128X4
+        padded_columns = (sf_columns + 3) // 4 * 4
+        capacity = (rows + row_tile - 1) // row_tile * row_tile * padded_columns
+        out_sf = input.new_empty((capacity,), dtype=torch.uint8)
+        sf_view = out_sf.view(-1, padded_columns if target.swizzled_sf_padded_columns else sf_columns)
     else:
-        sf_size = rows * sf_columns
-        capacity = layout.round_up(rows, target.linear_sf_row_alignment) * sf_columns
-        view_columns = sf_columns
-    out_sf = input.new_empty((capacity,), dtype=torch.uint8)
+        alignment = target.linear_sf_row_alignment
+        out_sf = input.new_empty(((rows + alignment - 1) // alignment * alignment * sf_columns,), dtype=torch.uint8)
+        sf_view = None
     if launch is not None:
         launch(
             input, global_scale, out_val, out_sf, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
             is_sf_8x4_layout, is_global_scale_inversed, enable_pdl, nvfp4_4over6_code,
         )
-    sf = out_sf[:sf_size].reshape((-1, view_columns))
+    if sf_view is None:  # linear: the releases that pad the buffer slice it back to M rows
+        sf_view = (out_sf if alignment == 1 else out_sf[: rows * sf_columns]).view(-1, sf_columns)
     if is_column_major:
-        return out_val.transpose(-2, -1), sf.transpose(-2, -1)
-    return out_val, sf
+        return out_val.transpose(-2, -1), sf_view.transpose(-2, -1)
+    return out_val, sf_view
 
 
 def launch_reference(
@@ -156,23 +180,17 @@ def launch_reference(
         out_sf[: sf.numel()].copy_(sf.reshape(-1))
 
 
-def launch_on_cuda(input, *args) -> None:
-    try:
-        launcher = _cuda_launchers[input.device.index]
-    except KeyError:
-        raise ShimError(
-            f"fp4_dynamo_shim: no FP4 kernel was loaded for {input.device}; it was not visible when the shim "
-            "was applied"
-        ) from None
-    launcher(input, *args)
-
-
 def launch_for(input: torch.Tensor) -> Callable:
-    if input.is_cuda:
-        return launch_on_cuda
-    if input.device.type == "cpu":
-        return launch_reference
-    raise ShimError(f"fp4_dynamo_shim: fp4_quantize runs on CUDA or CPU tensors, got {input.device}")
+    """The launch function for the input's device: a dict lookup on the hot path."""
+    launch = _launchers.get(input.get_device())
+    if launch is None or not (input.is_cuda or input.is_cpu):
+        if input.is_cuda:
+            raise ShimError(
+                f"fp4_dynamo_shim: no FP4 kernel was loaded for {input.device}; it was not visible when the "
+                "shim was applied"
+            )
+        raise ShimError(f"fp4_dynamo_shim: fp4_quantize runs on CUDA or CPU tensors, got {input.device}")
+    return launch
 
 
 def _fake(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,

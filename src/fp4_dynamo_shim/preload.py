@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import operator
 import time
 from typing import Callable, Optional
 
@@ -61,19 +60,19 @@ def jit_module_of(namespace) -> object:
 
 
 def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: bool) -> Callable:
-    """A launcher calling ``module.fp4_quantize`` with the release's argument order (``target.kernel_args``)."""
-    select = operator.itemgetter(*(LAUNCH_SCALARS.index(name) for name in target.kernel_args))
+    """A launcher calling ``module.fp4_quantize`` with the release's argument order (``target.kernel_args``).
 
-    def launch(input, global_scale, out_val, out_sf, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
-               is_sf_8x4_layout, is_global_scale_inversed, enable_pdl, nvfp4_4over6_code):
-        if enable_pdl is None:
-            enable_pdl = enable_pdl_default
-        kernel(input, global_scale, out_val, out_sf, *select((
-            sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-            is_global_scale_inversed, enable_pdl, nvfp4_4over6_code,
-        )))
-
-    return launch
+    Generated from the table row rather than reordered per call: this sits on the eager hot path.
+    """
+    source = (
+        f"def launch(input, global_scale, out_val, out_sf, {', '.join(LAUNCH_SCALARS)}):\n"
+        "    if enable_pdl is None:\n"
+        "        enable_pdl = enable_pdl_default\n"
+        f"    kernel(input, global_scale, out_val, out_sf, {', '.join(target.kernel_args)})\n"
+    )
+    namespace = {"kernel": kernel, "enable_pdl_default": enable_pdl_default}
+    exec(compile(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", "exec"), namespace)
+    return namespace["launch"]
 
 
 def make_refusal(device: LoadedDevice) -> Callable:
