@@ -99,5 +99,13 @@ def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
         options["is_sf_8x4_layout"], False, options["enable_pdl"], 0, launch=launcher,
     )
     (actual,) = recorder.calls
-    assert [describe(a) for a in actual] == [describe(e) for e in expected]
+    # Inputs and scalars: identical. Output buffers (positions 2 and 3): same bytes, dtype and contiguity.
+    # The shim allocates them in the shape it returns (saving a view per eager call); every release's
+    # kernel entry reads only their data pointers, so their shape is not part of the call.
+    assert [describe(a) for i, a in enumerate(actual) if i not in (2, 3)] == [
+        describe(e) for i, e in enumerate(expected) if i not in (2, 3)]
+    for position in (2, 3):
+        got, want = actual[position], expected[position]
+        assert (got.numel(), got.dtype, got.is_contiguous(), got.untyped_storage().nbytes()) == (
+            want.numel(), want.dtype, want.is_contiguous(), want.untyped_storage().nbytes())
     assert [describe(o)[:4] for o in outputs] == [describe(e)[:4] for e in expected_outputs]

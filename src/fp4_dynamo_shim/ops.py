@@ -30,6 +30,7 @@ SCHEMA = (
     "bool? enable_pdl, int nvfp4_4over6_code) -> (Tensor, Tensor)"
 )
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+_FLOAT32, _UINT8 = torch.float32, torch.uint8
 
 #: Set by apply(): the release's target row, and a launch function per ``Tensor.get_device()`` index
 #: (-1, i.e. CPU, runs the reference quantizer).
@@ -117,11 +118,12 @@ def quantize(
         active_target()
     if sf_vec_size != 16 and sf_vec_size != 32:
         raise NotImplementedError("sf_vec_size can only be 16 or 32")
-    if input.dim() < 2:
+    try:
+        is_column_major = input.stride(-2) == 1
+    except IndexError:
         raise InvalidArgumentError(
             f"fp4_quantize: input must have at least 2 dimensions, got shape {tuple(input.shape)}"
-        )
-    is_column_major = input.stride(-2) == 1
+        ) from None
     if is_column_major:
         input = input.transpose(-2, -1)
     shape = input.shape
@@ -132,33 +134,35 @@ def quantize(
         _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target)
     rows = input.numel() // columns
     if global_scale is not None and (
-        global_scale.dtype != torch.float32 or global_scale.get_device() != input.get_device()
+        global_scale.dtype is not _FLOAT32 or global_scale.get_device() != input.get_device()
         or global_scale.numel() != 1
     ):
         global_scale = _checked_global_scale(global_scale, input, rows, target)
 
+    # Outputs are allocated in the shape they are returned in: the kernel reads only their data
+    # pointers (every release 0.5.3-0.7.4), and a view per call is measurable on the eager path.
     sf_columns = columns // sf_vec_size
-    out_val = input.new_empty((*shape[:-1], columns // 2), dtype=torch.uint8)
+    out_val = input.new_empty((*shape[:-1], columns // 2), dtype=_UINT8)
     if is_sf_swizzled_layout:
         row_tile = layout.ROWS_8X4 if is_sf_8x4_layout else layout.ROWS_128X4
         padded_columns = (sf_columns + 3) // 4 * 4
         capacity = (rows + row_tile - 1) // row_tile * row_tile * padded_columns
-        out_sf = input.new_empty((capacity,), dtype=torch.uint8)
-        sf_view = out_sf.view(-1, padded_columns if target.swizzled_sf_padded_columns else sf_columns)
+        view_columns = padded_columns if target.swizzled_sf_padded_columns else sf_columns
+        if capacity % view_columns:  # releases before 0.6.8 fail in their reshape; say it the same way
+            raise RuntimeError(f"shape '[-1, {view_columns}]' is invalid for input of size {capacity}")
+        out_sf = sf = input.new_empty((capacity // view_columns, view_columns), dtype=_UINT8)
     else:
         alignment = target.linear_sf_row_alignment
-        out_sf = input.new_empty(((rows + alignment - 1) // alignment * alignment * sf_columns,), dtype=torch.uint8)
-        sf_view = None
+        out_sf = input.new_empty(((rows + alignment - 1) // alignment * alignment, sf_columns), dtype=_UINT8)
+        sf = out_sf if alignment == 1 else out_sf[:rows]  # padded for the kernel, sliced to M rows
     if launch is not None:
         launch(
             input, global_scale, out_val, out_sf, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
             is_sf_8x4_layout, is_global_scale_inversed, enable_pdl, nvfp4_4over6_code,
         )
-    if sf_view is None:  # linear: the releases that pad the buffer slice it back to M rows
-        sf_view = (out_sf if alignment == 1 else out_sf[: rows * sf_columns]).view(-1, sf_columns)
     if is_column_major:
-        return out_val.transpose(-2, -1), sf_view.transpose(-2, -1)
-    return out_val, sf_view
+        return out_val.transpose(-2, -1), sf.transpose(-2, -1)
+    return out_val, sf
 
 
 def launch_reference(
@@ -173,17 +177,18 @@ def launch_reference(
         input.reshape(-1, columns), global_scale, sf_vec_size, sf_use_ue8m0, is_global_scale_inversed
     )
     out_val.view(-1, columns // 2).copy_(packed)
+    flat_sf = out_sf.view(-1)
     if is_sf_swizzled_layout:
-        out_sf.copy_(layout.swizzle(sf, is_sf_8x4_layout))
+        flat_sf.copy_(layout.swizzle(sf, is_sf_8x4_layout))
     else:
-        out_sf.zero_()
-        out_sf[: sf.numel()].copy_(sf.reshape(-1))
+        flat_sf.zero_()
+        flat_sf[: sf.numel()].copy_(sf.reshape(-1))
 
 
 def launch_for(input: torch.Tensor) -> Callable:
-    """The launch function for the input's device: a dict lookup on the hot path."""
-    launch = _launchers.get(input.get_device())
-    if launch is None or not (input.is_cuda or input.is_cpu):
+    """The launch function for the input's device (the eager path inlines the common case)."""
+    launch = _launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+    if launch is None:
         if input.is_cuda:
             raise ShimError(
                 f"fp4_dynamo_shim: no FP4 kernel was loaded for {input.device}; it was not visible when the "

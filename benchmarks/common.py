@@ -1,0 +1,70 @@
+"""Shared helpers for the benchmarks: environment capture, interleaved timing, tables and JSON."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    try:
+        import importlib.metadata as metadata
+
+        info["flashinfer"] = metadata.version("flashinfer-python")
+    except Exception:
+        info["flashinfer"] = None
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        info["capability"] = "SM%d%d" % torch.cuda.get_device_capability(0)
+    return info
+
+
+def interleaved_ratio(candidates: Dict[str, Callable[[], None]], calls: int, rounds: int,
+                      synchronize: Callable[[], None]) -> Dict[str, dict]:
+    """Time each candidate for ``calls`` calls, alternating candidates every round (machines are noisy).
+
+    Returns, per candidate, the median microseconds per call over the rounds and every round's value.
+    """
+    per_round: Dict[str, List[float]] = {name: [] for name in candidates}
+    for _ in range(rounds):
+        for name, function in candidates.items():
+            synchronize()
+            started = time.perf_counter()
+            for _ in range(calls):
+                function()
+            synchronize()
+            per_round[name].append((time.perf_counter() - started) / calls * 1e6)
+    return {name: {"median_us": statistics.median(values), "rounds_us": values} for name, values in per_round.items()}
+
+
+def median_ratio(numerator: List[float], denominator: List[float]) -> float:
+    """Median over rounds of the per-round ratio, so slow phases of the machine cancel out."""
+    return statistics.median(n / d for n, d in zip(numerator, denominator))
+
+
+def write(name: str, document: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    return path
+
+
+def table(headers: List[str], rows: List[list]) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    lines = [" | ".join(str(h).ljust(w) for h, w in zip(headers, widths))]
+    lines.append("-+-".join("-" * w for w in widths))
+    lines += [" | ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows]
+    return "\n".join(lines)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S %Z")

@@ -1,0 +1,71 @@
+"""Bad-input cases for fp4_quantize, shared by the CPU tests and the GPU tests.
+
+Each case builds its arguments on a given device and names the problem the error message must
+mention. ``valid`` cases are odd but legal: eager and compiled must return the same result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    build: Callable[[str], tuple]  # device -> (args, kwargs)
+    #: Words the error message must contain (case-insensitive), or None for a valid input.
+    problem: Optional[str]
+    #: FlashInfer releases before this one do not take the keyword the case uses.
+    needs_parameter: Optional[str] = None
+
+
+def _x(rows=8, columns=64, dtype=torch.bfloat16):
+    def build(device):
+        generator = torch.Generator().manual_seed(rows * 1000 + columns)
+        return torch.randn(rows, columns, generator=generator).to(device=device, dtype=dtype)
+    return build
+
+
+def _scale(device, value=1.0, dtype=torch.float32, shape=(1,)):
+    return torch.full(shape, value, dtype=dtype, device=device)
+
+
+def case(name, problem, make_input, scale=lambda d: _scale(d), needs_parameter=None, **kwargs):
+    return Case(name, lambda d: ((make_input(d), scale(d)), dict(kwargs)), problem, needs_parameter)
+
+
+CASES = [
+    case("float32_input", "dtype", _x(dtype=torch.float32)),
+    case("int8_input", "dtype", lambda d: torch.ones(8, 64, dtype=torch.int8, device=d)),
+    case("bool_input", "dtype", lambda d: torch.ones(8, 64, dtype=torch.bool, device=d)),
+    case("float8_e5m2_input", "dtype", _x(dtype=torch.float8_e5m2)),
+    case("k_not_multiple_of_sf_vec_size", "multiple of sf_vec_size", _x(columns=40)),
+    case("odd_k", "multiple of sf_vec_size", _x(columns=33)),
+    case("sf_vec_size_8", "sf_vec_size", _x(), sf_vec_size=8),
+    case("sf_vec_size_64", "sf_vec_size", _x(columns=128), sf_vec_size=64),
+    case("ue8m0_with_sf_vec_size_16", "sf_vec_size", _x(), sf_use_ue8m0=True),
+    case("nvfp4_with_sf_vec_size_32", "sf_vec_size", _x(), sf_vec_size=32),
+    case("zero_dim_input", "dimensions", lambda d: torch.tensor(1.0, dtype=torch.bfloat16, device=d)),
+    case("one_dim_input", "dimensions", lambda d: torch.ones(64, dtype=torch.bfloat16, device=d)),
+    case("non_contiguous_input", "contiguous", lambda d: _x(columns=128)(d)[:, ::2]),
+    case("non_contiguous_3d_input", "contiguous", lambda d: _x(rows=8, columns=128)(d).view(2, 4, 128)[:, :, :64]),
+    case("global_scale_two_elements", "global_scale", _x(), scale=lambda d: _scale(d, shape=(2,))),
+    case("global_scale_int32", "global_scale", _x(), scale=lambda d: _scale(d, dtype=torch.int32)),
+    case("nvfp4_without_global_scale", "global_scale", _x(), scale=lambda d: None),
+    # Odd but legal: eager and compiled must agree (and match FlashInfer where it computes).
+    case("huge_k", None, _x(rows=2, columns=1 << 20)),
+    case("zero_rows", None, lambda d: torch.empty(0, 64, dtype=torch.bfloat16, device=d)),
+    case("nan_and_inf_values", None, lambda d: _x()(d).index_fill(1, torch.tensor([0, 17], device=d), float("nan"))
+         .index_fill(1, torch.tensor([5, 40], device=d), float("inf"))),
+    case("column_major_input", None, lambda d: _x(rows=64)(d).t().contiguous().t()),
+    case("sf_8x4_flag_without_swizzle", None, _x(), is_sf_swizzled_layout=False, is_sf_8x4_layout=True),
+    case("zero_global_scale", None, _x(), scale=lambda d: _scale(d, value=0.0)),
+]
+
+#: Cases that need a GPU: an input and a scale on different devices.
+GPU_CASES = [
+    case("global_scale_on_cpu", "global_scale", _x(), scale=lambda d: _scale("cpu")),
+]
