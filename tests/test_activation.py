@@ -10,44 +10,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import sysconfig
 import textwrap
-import venv
-from pathlib import Path
 
 import pytest
 
+import venvs
 from fp4_dynamo_shim import hook, sglang
-
-PROJECT = Path(__file__).resolve().parent.parent
-
-
-class Installed:
-    def __init__(self, root: Path):
-        self.root = root
-        self.python = root / "env" / "bin" / "python"
-        self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
-
-    def run(self, code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        environment = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), **(env or {})}
-        return subprocess.run([str(self.python), "-c", code], capture_output=True, text=True, timeout=timeout,
-                              env=environment, cwd=self.root)
 
 
 @pytest.fixture(scope="session")
-def installed(tmp_path_factory) -> Installed:
-    root = tmp_path_factory.mktemp("installed")
-    wheels = root / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(wheels), str(PROJECT)], check=True, capture_output=True)
-    (wheel,) = wheels.glob("fp4_dynamo_shim-*.whl")
-    venv.create(root / "env", with_pip=False)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed", "--prefix",
-                    str(root / "env"), str(wheel)], check=True, capture_output=True)
-    environment = Installed(root)
-    # Dependencies only: appended after the venv's own site-packages (.pth files there are not run); named
-    # to sort before fp4_dynamo_shim.pth, as a real install has wrapt in place before the hook runs.
-    (environment.site / "00_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+def installed(tmp_path_factory) -> venvs.Environment:
+    environment = venvs.create(tmp_path_factory.mktemp("installed"))
     assert (environment.site / "fp4_dynamo_shim.pth").exists(), "the wheel must carry the .pth at its root"
     return environment
 
@@ -104,16 +77,25 @@ def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
     result = installed.run(STARTUP_MODULES, env={"FP4_DYNAMO_SHIM": variable} if variable else {})
     assert result.returncode == 0 and result.stderr == ""
     loaded = json.loads(result.stdout)
-    assert not any(m.split(".")[0] in ("torch", "flashinfer", "fp4_dynamo_shim") for m in loaded)
-    assert ("fp4_dynamo_shim_hook" in loaded) == bool(variable)  # the hook is all that start-up loads
+    # The hook module is all that start-up loads; wrapt waits for flashinfer's import.
+    assert loaded == (["fp4_dynamo_shim_hook"] if variable else [])
 
 
-def test_a_hook_that_raises_at_startup_does_not_stop_the_interpreter(installed, tmp_path):
-    (tmp_path / "wrapt.py").write_text("raise RuntimeError('wrapt is broken here')\n")
+def test_a_broken_hook_module_does_not_stop_the_interpreter(installed, tmp_path):
+    (tmp_path / "fp4_dynamo_shim_hook.py").write_text("raise RuntimeError('hook module is broken here')\n")
     result = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
-    assert result.returncode == 0 and result.stdout.strip() == "alive"
-    warnings = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(warnings) == 1 and "fp4_dynamo_shim import hook" in warnings[0] and "wrapt is broken" in warnings[0]
+    assert result.returncode == 0 and result.stdout.strip() == "alive"  # site.py reports it and goes on
+
+
+def test_a_failing_post_import_hook_is_one_warning_and_the_program_goes_on(installed, tmp_path):
+    (tmp_path / "wrapt.py").write_text("raise RuntimeError('wrapt is broken here')\n")
+    quiet = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
+    assert quiet.returncode == 0 and quiet.stdout.strip() == "alive" and quiet.stderr == ""  # nothing at start-up
+    result = installed.run("import flashinfer; print('alive', flashinfer.__version__)",
+                           env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 0 and result.stdout.startswith("alive")
+    warnings = [line for line in result.stderr.splitlines() if "fp4_dynamo_shim" in line]
+    assert len(warnings) == 1 and "wrapt is broken" in warnings[0]
 
 
 def test_a_hook_that_raises_when_flashinfer_is_imported_does_not_stop_the_program(installed, tmp_path):

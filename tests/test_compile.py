@@ -9,6 +9,7 @@ import textwrap
 import flashinfer
 import pytest
 import torch
+import torch._dynamo.testing
 
 import fp4_dynamo_shim
 

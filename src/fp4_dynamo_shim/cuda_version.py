@@ -32,10 +32,12 @@ class CudaVersion:
 
 
 def find_nvcc() -> Optional[str]:
-    """nvcc as FlashInfer would find it: $CUDA_HOME/bin/nvcc, then PATH, then /usr/local/cuda."""
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
-        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
+    """nvcc where FlashInfer's get_cuda_path looks: $CUDA_HOME (or $CUDA_PATH) alone when set, else PATH,
+    else /usr/local/cuda."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        candidate = os.path.join(home, "bin", "nvcc")
+        return candidate if os.path.exists(candidate) else None
     found = shutil.which("nvcc")
     if found:
         return found

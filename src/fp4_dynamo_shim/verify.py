@@ -18,6 +18,7 @@ import traceback
 from typing import Callable, List, Optional
 
 import torch
+import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from fp4_dynamo_shim import ops, patching, sglang

@@ -1,0 +1,183 @@
+"""Run the CPU test suite against every FlashInfer release an SGLang 0.5.x release pins; write the table.
+
+One environment holds the union of their dependencies (the newest release's); each leg swaps in one
+FlashInfer with ``pip install --no-deps`` and runs the version-sensitive test files once, and the
+environment's original FlashInfer is put back at the end. Besides the supported releases, one real
+release below the range is installed to prove it is refused cleanly.
+
+    python tests/matrix/run_matrix.py --output docs/compatibility.md           # regenerate
+    python tests/matrix/run_matrix.py --output docs/compatibility.md --check   # CI: fail if stale
+
+Exit status 1 when any check of a supported release fails, when the unsupported release is not
+refused cleanly, or (with --check) when the committed table differs from this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: FlashInfer releases pinned by SGLang 0.5.x releases that import on CPU (issue 5), oldest first.
+VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
+            "0.6.18", "0.7.1", "0.7.2", "0.7.4"]
+#: A real release outside the supported range: it must be refused with one clear warning.
+UNSUPPORTED = ["0.5.2"]
+#: Table column -> test file run for it.
+CHECKS = {
+    "apply / revert / status": "tests/test_lifecycle.py",
+    "fullgraph trace, compiled = eager": "tests/test_compile.py",
+    "op: opcheck, fake = real": "tests/test_op.py",
+    "reference values": "tests/test_reference.py",
+    "kernel-call parity": "tests/test_parity.py",
+    "bad input": "tests/test_battery.py",
+    "FP4 family": "tests/test_family.py",
+}
+
+REFUSAL_PROBE = """
+import json, logging, io
+stream = io.StringIO(); logging.basicConfig(stream=stream, level=logging.WARNING)
+import fp4_dynamo_shim, flashinfer
+status = fp4_dynamo_shim.status()
+untouched = not getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False)
+print(json.dumps({"applied": status["applied"], "problem": status["problem"], "untouched": untouched,
+                  "warnings": [l for l in stream.getvalue().splitlines() if "not supported" in l]}))
+"""
+
+
+def pip_install(version: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
+                    f"flashinfer-python=={version}"], check=True)
+
+
+def run_leg(version: str) -> dict:
+    files = [path for path in CHECKS.values() if (ROOT / path).exists()]
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "junit.xml"
+        started = time.perf_counter()
+        completed = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
+            cwd=ROOT, capture_output=True, text=True,
+        )
+        seconds = time.perf_counter() - started
+        if not report.exists():
+            return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
+        counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
+        failures = []
+        for case in ElementTree.parse(report).iter("testcase"):
+            parts = case.get("classname", "").split(".")
+            path = next((p for p in files if Path(p).stem in parts), case.get("classname", "?"))
+            outcome = "passed"
+            if case.find("failure") is not None or case.find("error") is not None:
+                outcome = "failed"
+                failures.append(f"{case.get('classname')}::{case.get('name')}")
+            elif case.find("skipped") is not None:
+                outcome = "skipped"
+            counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
+    return {"counts": counts, "failures": failures, "seconds": seconds,
+            "tail": completed.stdout[-3000:] if failures else ""}
+
+
+def probe_refusal(version: str) -> dict:
+    completed = subprocess.run([sys.executable, "-c", REFUSAL_PROBE], cwd=ROOT, capture_output=True, text=True)
+    if completed.returncode != 0:
+        return {"ok": False, "detail": completed.stderr[-1500:]}
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    result["refused_cleanly"] = (not result["applied"] and result["untouched"] and len(result["warnings"]) == 1
+                                 and "not supported" in (result["problem"] or ""))
+    strict = subprocess.run([sys.executable, "-c", "import fp4_dynamo_shim"], cwd=ROOT, capture_output=True,
+                            text=True, env={**os.environ, "FP4_DYNAMO_SHIM_STRICT": "1"})
+    result["strict_raises"] = strict.returncode != 0 and "ApplyError" in strict.stderr
+    result["ok"] = result["refused_cleanly"] and result["strict_raises"]
+    return result
+
+
+def cell(counts: dict | None) -> str:
+    if not counts:
+        return "-"
+    if counts["failed"]:
+        return f"FAIL {counts['failed']}/{sum(counts.values())}"
+    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
+    return f"pass {counts['passed']}{skipped}"
+
+
+def render(legs: dict, refusals: dict) -> str:
+    columns = list(CHECKS)
+    lines = [
+        "# Compatibility",
+        "",
+        "Generated by `python tests/matrix/run_matrix.py --output docs/compatibility.md` from one CPU run of",
+        "the test files below against each FlashInfer release (CI runs it with `--check` on every push and",
+        "fails when this file is stale). Cells: tests passed (and skipped, where a release lacks what a test",
+        "needs). GPU results are in [performance.md](performance.md) and the issue notes.",
+        "",
+        "| FlashInfer | " + " | ".join(columns) + " |",
+        "|---|" + "---|" * len(columns),
+    ]
+    for version, leg in legs.items():
+        if "error" in leg:
+            lines.append(f"| {version} | " + " | ".join(["ERROR"] * len(columns)) + " |")
+            continue
+        row = [cell(leg["counts"].get(CHECKS[c])) for c in columns]
+        lines.append(f"| {version} | " + " | ".join(row) + " |")
+    lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
+    lines += ["## Outside the supported range", "",
+              "| FlashInfer | refused with one warning, nothing patched | FP4_DYNAMO_SHIM_STRICT=1 raises |",
+              "|---|---|---|"]
+    for version, result in refusals.items():
+        lines.append(f"| {version} | {'yes' if result.get('refused_cleanly') else 'NO'} "
+                     f"| {'yes' if result.get('strict_raises') else 'NO'} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
+    parser.add_argument("--check", action="store_true", help="fail if the committed --output differs")
+    parser.add_argument("--versions", nargs="+", default=VERSIONS)
+    options = parser.parse_args()
+    original = importlib.metadata.version("flashinfer-python")
+    legs, refusals, failed = {}, {}, False
+    try:
+        for version in options.versions:
+            pip_install(version)
+            leg = run_leg(version)
+            legs[version] = leg
+            bad = "error" in leg or leg["failures"]
+            failed |= bool(bad)
+            print(f"flashinfer {version}: {'FAILED' if bad else 'ok'} in {leg['seconds']:.0f} s", flush=True)
+            if bad:
+                print(leg.get("error") or "\n".join(leg["failures"]) + "\n" + leg["tail"], flush=True)
+        for version in UNSUPPORTED:
+            pip_install(version)
+            refusals[version] = probe_refusal(version)
+            failed |= not refusals[version]["ok"]
+            print(f"flashinfer {version} (unsupported): {'refused cleanly' if refusals[version]['ok'] else refusals[version]}",
+                  flush=True)
+    finally:
+        pip_install(original)
+    text = render(legs, refusals)
+    if options.check:
+        committed = options.output.read_text() if options.output.exists() else ""
+        if committed != text:
+            print(f"{options.output} is stale; regenerate it with: python tests/matrix/run_matrix.py", flush=True)
+            print(text)
+            failed = True
+    else:
+        options.output.write_text(text)
+        print(f"wrote {options.output}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

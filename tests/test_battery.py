@@ -1,0 +1,86 @@
+"""Bad input: eager and fullgraph-compiled calls fail the same way, with a message that names the problem.
+
+Dynamo wraps an exception raised while it traces (TorchRuntimeError, or Unsupported for
+NotImplementedError); the wrapper's text must then carry the original class and message. Odd but
+legal inputs must give identical results eagerly and compiled. The GPU twin of this file
+(tests/gpu/test_gpu_battery.py) also compares against FlashInfer's own function on a real GPU.
+"""
+
+from __future__ import annotations
+
+import flashinfer
+import pytest
+import torch
+
+from battery import CASES, Case
+from conftest import installed_target
+from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
+
+#: Where a case is legal on releases that convert the global scale to float32 themselves (0.6.13+).
+VALID_WHEN_CONVERTING = {"global_scale_int32"}
+#: The exception class each failing case raises (InvalidArgumentError unless listed).
+EXPECTED_CLASS = {"sf_vec_size_8": NotImplementedError, "sf_vec_size_64": NotImplementedError}
+
+
+def expectation(case: Case):
+    if case.problem is None or (case.name in VALID_WHEN_CONVERTING and installed_target().converts_global_scale):
+        return None
+    return EXPECTED_CLASS.get(case.name, InvalidArgumentError)
+
+
+def call(function, case: Case):
+    args, kwargs = case.build("cpu")
+    return function(*args, **kwargs)
+
+
+def compiled_quantize(*args, **kwargs):
+    return flashinfer.fp4_quantize(*args, **kwargs)
+
+
+def assert_carries(error: BaseException, expected: type, problem: str):
+    text = str(error)
+    assert expected.__name__ in text and problem.lower() in text.lower(), text[:600]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_eager_and_compiled_agree(case):
+    expected = expectation(case)
+    compiled = torch.compile(compiled_quantize, fullgraph=True, backend="eager")
+    if expected is None:
+        eager_result = call(flashinfer.fp4_quantize, case)
+        compiled_result = call(compiled, case)
+        for got, want in zip(compiled_result, eager_result):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+            assert torch.equal(got, want)
+        return
+    with pytest.raises(expected) as eager_error:
+        call(flashinfer.fp4_quantize, case)
+    assert case.problem.lower() in str(eager_error.value).lower()
+    with pytest.raises(Exception) as compiled_error:
+        call(compiled, case)
+    if isinstance(compiled_error.value, expected):
+        assert case.problem.lower() in str(compiled_error.value).lower()
+    else:  # Dynamo's wrapper, raised while tracing: it must carry the class and the message
+        assert isinstance(compiled_error.value, torch._dynamo.exc.TorchDynamoException)
+        assert_carries(compiled_error.value, expected, case.problem)
+
+
+def test_invalid_argument_error_is_what_flashinfer_callers_already_catch():
+    # FlashInfer's kernel checks raise RuntimeError; an `except RuntimeError` keeps working.
+    assert issubclass(InvalidArgumentError, RuntimeError) and issubclass(InvalidArgumentError, ValueError)
+
+
+def test_options_the_op_cannot_carry_fail_clearly_only_inside_compiled_regions():
+    import inspect
+
+    parameters = inspect.signature(flashinfer.fp4_quantize).parameters
+    if "backend" not in parameters:
+        pytest.skip("this FlashInfer's fp4_quantize has no backend parameter")
+    x, scale = torch.randn(8, 64, dtype=torch.bfloat16), torch.tensor([1.0])
+    compiled = torch.compile(lambda t, s: flashinfer.fp4_quantize(t, s, backend="not-a-backend"), fullgraph=True,
+                             backend="eager")
+    with pytest.raises(ValueError, match="not-a-backend"):  # eager: FlashInfer's own error
+        flashinfer.fp4_quantize(x, scale, backend="not-a-backend")
+    with pytest.raises(Exception) as error:
+        compiled(x, scale)
+    assert_carries(error.value, NotExpressibleError, "cannot run inside torch.compile")

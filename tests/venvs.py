@@ -1,0 +1,45 @@
+"""Build a real virtual environment with this project installed from its wheel.
+
+Used by tests/test_activation.py and benchmarks/startup.py: the .pth import hook, the entry point and
+the console script only exist in an installed copy. Dependencies (torch, flashinfer, wrapt) come from
+the running environment through a path-only .pth, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import sysconfig
+import venv
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parent.parent
+
+
+class Environment:
+    def __init__(self, root: Path):
+        self.root = root
+        self.python = root / "env" / "bin" / "python"
+        self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+
+    def run(self, code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        environment = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), **(env or {})}
+        return subprocess.run([str(self.python), "-c", code], capture_output=True, text=True, timeout=timeout,
+                              env=environment, cwd=self.root)
+
+
+def create(root: Path, with_project: bool = True) -> Environment:
+    """A venv at ``root/env``; with ``with_project`` this project's wheel is installed into it."""
+    venv.create(root / "env", with_pip=False)
+    if with_project:
+        wheels = root / "wheels"
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(wheels), str(PROJECT)], check=True, capture_output=True)
+        (wheel,) = wheels.glob("fp4_dynamo_shim-*.whl")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
+                        "--prefix", str(root / "env"), str(wheel)], check=True, capture_output=True)
+    environment = Environment(root)
+    # Dependencies only: appended after the venv's own site-packages (.pth files there are not run);
+    # named to sort before fp4_dynamo_shim.pth, as a real install has wrapt in place before the hook runs.
+    (environment.site / "00_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return environment
