@@ -7,9 +7,9 @@ the running environment through a path-only .pth, so nothing is downloaded.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import sysconfig
 import venv
 from pathlib import Path
 
@@ -41,5 +41,23 @@ def create(root: Path, with_project: bool = True) -> Environment:
     environment = Environment(root)
     # Dependencies only: appended after the venv's own site-packages (.pth files there are not run);
     # named to sort before fp4_dynamo_shim.pth, as a real install has wrapt in place before the hook runs.
-    (environment.site / "00_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (environment.site / "00_dependencies.pth").write_text("".join(f"{path}\n" for path in dependency_paths()))
     return environment
+
+
+def dependency_paths() -> list:
+    """The running interpreter's site directories and PYTHONPATH entries, without this project's source."""
+    source = str(PROJECT / "src")
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    site_dirs = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    paths = []
+    for path in extra + site_dirs:
+        if path and os.path.isdir(path) and os.path.abspath(path) != source and path not in paths:
+            paths.append(path)
+    return paths
+
+
+def passthrough_environment() -> dict:
+    """What a child interpreter needs from this one (CUDA, FlashInfer's settings), but not PYTHONPATH."""
+    keep = ("PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "TMPDIR")
+    return {k: v for k, v in os.environ.items() if k in keep or k.startswith(("FLASHINFER_", "MAX_JOBS"))}

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cuda_version, ops, preload, rebind, sglang, targets, wrapper
+from . import cuda_version, family, ops, preload, rebind, sglang, targets, wrapper
 from .config import Settings
 from .errors import ApplyError
 
@@ -37,6 +37,8 @@ class _Applied:
     cuda: cuda_version.CudaVersion
     devices: List[preload.LoadedDevice]
     settings: Settings
+    #: FP4 family function -> what the shim did with it in this release.
+    family: dict
 
 
 _lock = threading.RLock()
@@ -103,7 +105,9 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
         raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")
     resolved = cuda_version.resolve(settings.cuda_version)
     new_get, new_at_least = cuda_version.make_replacements(resolved, cpp_ext.get_cuda_version)
-    replacement = wrapper.build(original, module)
+    recipe = wrapper.recipe_for(original, module)
+    replacement = wrapper.build(original, module, recipe)
+    family_pairs, family_report = family.build_replacements(version, module, replacement, recipe)
 
     swaps, bindings = [], []
 
@@ -117,15 +121,18 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
         swap(original_get, new_get)
         if hasattr(original_get, "cache_clear"):
             original_get.cache_clear()
-        launchers, devices = preload.load(
+        launchers, devices, namespaces = preload.load(
             module.get_fp4_quantization_module, target, settings.fallback, ops.launch_reference
         )
         ops.configure(target, launchers)
+        family.configure(namespaces)
         swap(original, replacement)
+        for family_original, family_replacement in family_pairs:
+            swap(family_original, family_replacement)
     except BaseException:
         _undo(swaps)
         raise
-    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings)
+    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report)
     _last_problem = None
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s: %d names rebound, CUDA %s (%s), %d GPU(s)",
@@ -171,9 +178,15 @@ def rebind_modules(modules=None) -> List[rebind.Binding]:
         return found
 
 
-def original_function() -> Optional[Callable]:
+def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
+    """FlashInfer's own function behind a replacement (``fp4_quantize`` by default)."""
     with _lock:
-        return None if _applied is None else _applied.swaps[-1][0]
+        if _applied is None:
+            return None
+        for old, new in _applied.swaps:
+            if getattr(old, "__name__", None) == name and wrapper.is_shim(new):
+                return old
+        return None
 
 
 def status() -> dict:
@@ -203,6 +216,7 @@ def status() -> dict:
                 "row_wise_global_scale": target.row_wise_global_scale,
             },
             op=f"{ops.NAMESPACE}::{ops.OP_NAME}",
+            family=dict(applied.family),
             rebound=[str(binding) for binding in applied.bindings],
             cuda_version={
                 "value": str(applied.cuda.version) if applied.cuda.version else None,

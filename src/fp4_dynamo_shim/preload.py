@@ -88,27 +88,34 @@ def make_refusal(device: LoadedDevice) -> Callable:
 
 
 def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, reference_launch: Callable):
-    """Load every visible GPU's module; returns ({device index: launcher}, [LoadedDevice]).
+    """Load every visible GPU's module; returns ({index: fp4_quantize launcher}, [LoadedDevice],
+    {index: (FlashInfer's module namespace or None, mode)}).
 
-    A build or load failure propagates, so that apply() can leave FlashInfer untouched.
+    The module is built for every GPU FlashInfer has an FP4 module for, SM90 included (its interleave and
+    host-side helpers work there), whatever happens to fp4_quantize on it. A build or load failure
+    propagates, so that apply() can leave FlashInfer untouched.
     """
-    launchers, devices = {}, []
+    launchers, devices, namespaces = {}, [], {}
     for index in range(visible_device_count()):
         major, minor = torch.cuda.get_device_capability(index)
         backend = f"{major}{minor}"
         has_fp4_kernel = major >= FIRST_FP4_MAJOR
+        started = time.perf_counter()
+        try:
+            namespace = get_fp4_quantization_module(backend)
+        except ValueError as error:  # "Invalid backend": FlashInfer has no FP4 module for this GPU at all
+            logger.info("fp4_dynamo_shim: no FlashInfer FP4 module for SM%s (%s)", backend, error)
+            namespace = None
+        seconds = time.perf_counter() - started if namespace is not None else None
         mode = "kernel" if has_fp4_kernel else {"error": "refuse"}.get(fallback, fallback)
-        device = LoadedDevice(
-            index, torch.cuda.get_device_name(index), (major, minor), backend, has_fp4_kernel,
-            enable_pdl=major >= 9, mode=mode,
-        )
-        if mode in ("kernel", "launch"):
-            started = time.perf_counter()
-            module = jit_module_of(get_fp4_quantization_module(backend))
-            seconds = time.perf_counter() - started
+        if mode == "launch" and namespace is None:
+            mode = "refuse"
+        device = LoadedDevice(index, torch.cuda.get_device_name(index), (major, minor), backend, has_fp4_kernel,
+                              enable_pdl=major >= 9, mode=mode, load_seconds=seconds)
+        if seconds is not None:
             logger.info("fp4_dynamo_shim: FP4 module for %s (SM%s) built/loaded in %.2f s", device.name, backend, seconds)
-            device = dataclasses.replace(device, load_seconds=seconds)
-            launchers[index] = make_kernel_launcher(module.fp4_quantize, target, device.enable_pdl)
+        if mode in ("kernel", "launch"):
+            launchers[index] = make_kernel_launcher(jit_module_of(namespace).fp4_quantize, target, device.enable_pdl)
             if mode == "launch":
                 logger.warning(
                     "fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM%s, "
@@ -119,4 +126,5 @@ def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, r
         else:
             launchers[index] = make_refusal(device)
         devices.append(device)
-    return launchers, devices
+        namespaces[index] = (namespace, mode)
+    return launchers, devices, namespaces

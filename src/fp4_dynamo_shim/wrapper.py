@@ -126,31 +126,27 @@ def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> 
     return core
 
 
-def build(original: Callable, module) -> Callable:
+def recipe_for(original: Callable, module) -> Optional[Recipe]:
+    """The 4over6 recipe handling for releases whose fp4_quantize has ``nvfp4_4over6`` (0.7.1+), else None."""
+    parameters = inspect.signature(original).parameters
+    if "nvfp4_4over6" not in parameters:
+        return None
+    return Recipe(module, parameters["nvfp4_4over6"].default)
+
+
+def build(original: Callable, module, recipe: Optional[Recipe] = None) -> Callable:
     """Generate the replacement for ``original`` (defined in ``module``) with its exact signature."""
     signature = inspect.signature(original)
     unknown = [name for name in signature.parameters if name not in CORE_PARAMETERS]
     if unknown:
         raise TypeError(f"fp4_quantize has parameters the shim does not know: {', '.join(unknown)}")
-    recipe = None
-    if "nvfp4_4over6" in signature.parameters:
-        recipe = Recipe(module, signature.parameters["nvfp4_4over6"].default)
+    if recipe is None:
+        recipe = recipe_for(original, module)
     core = make_core(original, signature.parameters, recipe)
 
     namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": ops.quantize,
                  "_ops": ops, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS}
-    declared, keyword_only_started = [], False
-    for parameter in signature.parameters.values():
-        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise TypeError(f"fp4_quantize parameter {parameter.name!r} is {parameter.kind.description}")
-        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only_started:
-            declared.append("*")
-            keyword_only_started = True
-        if parameter.default is parameter.empty:
-            declared.append(parameter.name)
-        else:
-            namespace[f"_default_{parameter.name}"] = parameter.default
-            declared.append(f"{parameter.name}=_default_{parameter.name}")
+    declared = _declare(signature, namespace)
     forwarded = []
     for name, absent_value in CORE_PARAMETERS.items():
         if name in signature.parameters:
@@ -176,13 +172,45 @@ def build(original: Callable, module) -> Callable:
         "    return _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,\n"
         f"                     is_sf_8x4_layout, {inversed}, enable_pdl, 0, launch or _launch_for(input))\n"
     )
-    exec(compile(source, f"<fp4_dynamo_shim generated {original.__module__}.fp4_quantize>", "exec"), namespace)
-    replacement = namespace["fp4_quantize"]
+    return _finish(source, namespace, original, "fp4_quantize")
+
+
+def _declare(signature: inspect.Signature, namespace: dict) -> list:
+    """Parameter declarations reproducing ``signature``; defaults are bound by name in ``namespace``."""
+    declared, keyword_only_started = [], False
+    for parameter in signature.parameters.values():
+        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+            raise TypeError(f"parameter {parameter.name!r} is {parameter.kind.description}")
+        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only_started:
+            declared.append("*")
+            keyword_only_started = True
+        if parameter.default is parameter.empty:
+            declared.append(parameter.name)
+        else:
+            namespace[f"_default_{parameter.name}"] = parameter.default
+            declared.append(f"{parameter.name}=_default_{parameter.name}")
+    return declared
+
+
+def _finish(source: str, namespace: dict, original: Callable, name: str) -> Callable:
+    exec(compile(source, f"<fp4_dynamo_shim generated {original.__module__}.{name}>", "exec"), namespace)
+    replacement = namespace[name]
     functools.update_wrapper(replacement, original)
     replacement.__annotations__ = dict(getattr(original, "__annotations__", {}))
     setattr(replacement, MARKER, True)
     replacement.__fp4_dynamo_shim_source__ = source  # generated code has no file; keep it for debugging
     return replacement
+
+
+def build_forwarding(original: Callable, dispatch: Callable) -> Callable:
+    """A function with ``original``'s exact signature that calls ``dispatch(**arguments)``."""
+    signature = inspect.signature(original)
+    namespace = {"_dispatch": dispatch}
+    declared = _declare(signature, namespace)
+    keywords = ", ".join(f"{name}={name}" for name in signature.parameters)
+    name = original.__name__
+    source = f"def {name}({', '.join(declared)}):\n    return _dispatch({keywords})\n"
+    return _finish(source, namespace, original, name)
 
 
 def is_shim(function) -> bool:

@@ -1,0 +1,46 @@
+"""Bad input on a real GPU, against FlashInfer's own function: the shim is never less strict.
+
+FlashInfer's host-side checks run on SM90 too (only the kernel body is missing), so every case can be
+compared with what FlashInfer itself does. Where FlashInfer returns (uninitialized, on SM90) results for
+input the kernel would misread, the shim refuses: those cases are listed in STRICTER.
+"""
+
+from __future__ import annotations
+
+import flashinfer
+import pytest
+import torch
+
+from battery import CASES, GPU_CASES, Case
+from fp4_dynamo_shim import patching, targets
+
+#: Inputs FlashInfer accepts but would misread; the shim refuses them (documented in how-it-works.md).
+STRICTER = {"global_scale_two_elements", "global_scale_int32", "global_scale_on_cpu"}
+
+
+@pytest.mark.parametrize("case", CASES + GPU_CASES, ids=lambda c: c.name)
+def test_never_less_strict_than_flashinfer(case: Case, launch_mode):
+    original = patching.original_function()
+    target = targets.target_for(patching.flashinfer_version())
+    args, kwargs = case.build("cuda")
+    try:
+        expected = original(*args, **kwargs)
+        torch.cuda.synchronize()
+        flashinfer_error = None
+    except Exception as error:  # what FlashInfer does is the point of the comparison
+        flashinfer_error = error
+    try:
+        got = flashinfer.fp4_quantize(*args, **kwargs)
+        torch.cuda.synchronize()
+        shim_error = None
+    except Exception as error:
+        shim_error = error
+    if flashinfer_error is not None:
+        assert shim_error is not None, f"FlashInfer raised {flashinfer_error!r}; the shim returned"
+        assert isinstance(shim_error, (type(flashinfer_error), RuntimeError, ValueError)), (shim_error, flashinfer_error)
+        return
+    if shim_error is not None:
+        converting = target.converts_global_scale and case.name in ("global_scale_int32", "global_scale_on_cpu")
+        assert case.name in STRICTER and not converting, f"FlashInfer accepted {case.name}; the shim raised {shim_error!r}"
+        return
+    assert [(t.shape, t.stride(), t.dtype) for t in got] == [(t.shape, t.stride(), t.dtype) for t in expected]
