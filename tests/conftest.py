@@ -3,19 +3,12 @@ stand-ins (for pieces that need a GPU) say so where they are used."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import fp4_dynamo_shim
 from fp4_dynamo_shim import ops, patching, targets
 from fp4_dynamo_shim.config import Settings
-
-SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
 
 
 @pytest.fixture(autouse=True)
@@ -52,20 +45,3 @@ def target_row():
 
     yield use
     ops._target, ops._launchers = saved
-
-
-def run_python(code: str, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,
-               args: tuple = ()) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` in a fresh interpreter with the source tree importable."""
-    environment = dict(os.environ)
-    environment.pop("FP4_DYNAMO_SHIM", None)
-    environment.update(env or {})
-    path = [SRC] + ([extra_path] if extra_path else []) + [environment.get("PYTHONPATH", "")]
-    environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
-    return subprocess.run(
-        [sys.executable, *args, "-c", code], capture_output=True, text=True, timeout=timeout, env=environment
-    )
-
-
-def installed_target() -> targets.Target:
-    return targets.target_for(patching.flashinfer_version())

@@ -128,7 +128,7 @@ def test_uninstall_removes_a_sitecustomize_that_only_held_the_hook(tmp_path):
 
 
 def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
-    from conftest import SRC
+    from helpers import SRC
 
     result = subprocess.run([sys.executable, "-m", "fp4_dynamo_shim", "install-hook", "--site-dir", str(tmp_path)],
                             capture_output=True, text=True, env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})

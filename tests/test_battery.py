@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from battery import CASES, Case
-from conftest import installed_target
+from helpers import installed_target
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
 #: Where a case is legal on releases that convert the global scale to float32 themselves (0.6.13+).

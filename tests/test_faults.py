@@ -14,7 +14,7 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
-from conftest import run_python
+from helpers import run_python
 
 STATUS = "import json, fp4_dynamo_shim; print(json.dumps(fp4_dynamo_shim.status()))"
 

@@ -16,10 +16,10 @@ import torch
 from packaging.version import Version
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching, wrapper
+from fp4_dynamo_shim import family, patching, wrapper
 from fp4_dynamo_shim.errors import ApplyError
 
-from conftest import installed_target
+from helpers import installed_target
 
 
 def _names_bound_to(objects):
@@ -38,9 +38,11 @@ def _names_bound_to(objects):
 def test_revert_restores_every_identical_original_object():
     fp4_dynamo_shim.revert()
     originals = {
-        "fp4_quantize": flashinfer.fp4_quantize,
         "get_cuda_version": cpp_ext.get_cuda_version,
         "is_cuda_version_at_least": cpp_ext.is_cuda_version_at_least,
+        **{m.name: getattr(flashinfer, m.name) for m in family.members_for(patching.flashinfer_version())
+           if hasattr(flashinfer, m.name)},
+        "fp4_quantize": flashinfer.fp4_quantize,
     }
     before = _names_bound_to(originals)
     assert fp4_dynamo_shim.apply()

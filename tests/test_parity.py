@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fp4_dynamo_shim import ops, preload
-from conftest import installed_target
+from helpers import installed_target
 
 
 class RecordingModule:
