@@ -155,7 +155,7 @@ def quantize(
         alignment = target.linear_sf_row_alignment
         out_sf = input.new_empty(((rows + alignment - 1) // alignment * alignment, sf_columns), dtype=_UINT8)
         sf = out_sf if alignment == 1 else out_sf[:rows]  # padded for the kernel, sliced to M rows
-    if launch is not None:
+    if launch is not None and rows:  # M=0: FlashInfer launches an empty grid, which leaves a stale CUDA error
         launch(
             input, global_scale, out_val, out_sf, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
             is_sf_8x4_layout, is_global_scale_inversed, enable_pdl, nvfp4_4over6_code,

