@@ -25,36 +25,10 @@ def installed(tmp_path_factory) -> venvs.Environment:
     return environment
 
 
-SPAWN_PARENT = textwrap.dedent("""
-    import json, multiprocessing, os, sys
-
-    def child(queue):
-        import flashinfer, torch
-        from flashinfer import fp4_quantize
-        patched = getattr(fp4_quantize, "__fp4_dynamo_shim__", False)
-        result = {"patched": patched, "shim_imported": "fp4_dynamo_shim" in sys.modules}
-        if patched:
-            x = torch.randn(16, 128, dtype=torch.bfloat16)
-            torch._dynamo.mark_dynamic(x, 0)
-            explanation = torch._dynamo.explain(lambda t, s: fp4_quantize(t, s))(x, torch.tensor([1.0]))
-            result.update(graphs=explanation.graph_count, breaks=explanation.graph_break_count)
-        queue.put(result)
-
-    if __name__ == "__main__":
-        assert "fp4_dynamo_shim" not in sys.modules and "torch" not in sys.modules
-        context = multiprocessing.get_context("spawn")
-        queue = context.Queue()
-        process = context.Process(target=child, args=(queue,))
-        process.start()
-        print(json.dumps(queue.get(timeout=500)))
-        process.join()
-""")
-
-
 @pytest.mark.parametrize("variable", ["1", None])
 def test_spawned_child_applies_the_shim_only_with_the_environment_variable(installed, variable, tmp_path):
     script = tmp_path / "parent.py"
-    script.write_text(SPAWN_PARENT)
+    script.write_text(venvs.SPAWN_PARENT)
     env = {"FP4_DYNAMO_SHIM": variable} if variable else {}
     result = subprocess.run([str(installed.python), str(script)], capture_output=True, text=True, timeout=600,
                             env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **env}, cwd=tmp_path)

@@ -63,3 +63,33 @@ def passthrough_environment() -> dict:
     """What a child interpreter needs from this one (CUDA, FlashInfer's settings), but not PYTHONPATH."""
     keep = ("PATH", "HOME", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "TMPDIR")
     return {k: v for k, v in os.environ.items() if k in keep or k.startswith(("FLASHINFER_", "MAX_JOBS"))}
+
+
+#: A parent that imports neither torch nor the shim and starts one *spawn* child (as SGLang starts its
+#: workers); the child imports flashinfer and reports whether fp4_quantize is the shim and how it traces
+#: (on the device named by FP4_DYNAMO_SHIM_TEST_DEVICE, CPU by default). Prints the child's JSON.
+SPAWN_PARENT = """
+import json, multiprocessing, os, sys
+
+def child(queue):
+    import flashinfer, torch
+    from flashinfer import fp4_quantize
+    patched = getattr(fp4_quantize, "__fp4_dynamo_shim__", False)
+    result = {"patched": patched, "shim_imported": "fp4_dynamo_shim" in sys.modules}
+    if patched:
+        device = os.environ.get("FP4_DYNAMO_SHIM_TEST_DEVICE", "cpu")
+        x = torch.randn(16, 128, dtype=torch.bfloat16, device=device)
+        torch._dynamo.mark_dynamic(x, 0)
+        explanation = torch._dynamo.explain(lambda t, s: fp4_quantize(t, s))(x, torch.tensor([1.0], device=device))
+        result.update(graphs=explanation.graph_count, breaks=explanation.graph_break_count)
+    queue.put(result)
+
+if __name__ == "__main__":
+    assert "fp4_dynamo_shim" not in sys.modules and "torch" not in sys.modules
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=child, args=(queue,))
+    process.start()
+    print(json.dumps(queue.get(timeout=500)))
+    process.join()
+"""
