@@ -43,6 +43,43 @@ def test_with_the_reference_fallback_sglang_replays_equal_eager(reference_mode):
     assert outcome["replays_equal_eager"] is True
 
 
+BOUND_AT_IMPORT = """
+import torch
+from flashinfer import fp4_quantize  # bound at import, as SGLang's modelopt_quant binds it on SM12x
+
+
+class Fp4Linear(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(hidden, hidden, device="cuda", dtype=torch.bfloat16) * 0.05,
+                                         requires_grad=False)
+        self.register_buffer("input_scale_inv", torch.tensor([448.0 * 6.0 / 8.0], device="cuda"))
+
+    def forward(self, x: torch.Tensor):
+        x_fp4, x_scale = fp4_quantize(x, self.input_scale_inv)
+        return x_fp4, x_scale, x @ self.weight  # a bf16 GEMM stands in for the FP4 GEMM SM90 cannot run
+"""
+
+
+def test_module_global_bound_before_the_shim_fails_unpatched_and_passes_rebound(launch_mode, tmp_path, monkeypatch):
+    """The binding pattern of SGLang's ModelOptFp4LinearMethod (module-level `from flashinfer import
+    fp4_quantize`) through SGLang's compile path, with a small model (see the modelopt test below)."""
+    (tmp_path / "bound_at_import.py").write_text(BOUND_AT_IMPORT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    module = importlib.import_module("bound_at_import")
+    try:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="_thread.allocate_lock"):
+            sglang.compile_path_check(compare_values=False, block=module.Fp4Linear(256))
+    finally:
+        torch._dynamo.reset()
+        assert fp4_dynamo_shim.apply()
+    assert getattr(module.fp4_quantize, "__fp4_dynamo_shim__", False)  # rebound by identity
+    outcome = sglang.compile_path_check(compare_values=False, block=module.Fp4Linear(256))
+    assert outcome["capture_sizes"] == [1, 2, 4]
+
+
 def test_modelopt_fp4_linear_apply_traces_with_fp4_quantize_bound_as_on_sm12x(launch_mode, monkeypatch):
     """SGLang's ModelOptFp4LinearMethod.apply, with its module global bound to FlashInfer's function.
 
