@@ -70,7 +70,7 @@ def resolve(setting: str) -> CudaVersion:
         try:
             version, source = Version(setting), "environment"
         except ValueError:
-            raise ValueError(f"FP4_DYNAMO_SHIM_CUDA_VERSION={setting!r}: expected torch, nvcc or a version like 12.8")
+            raise ValueError(f"FP4_DYNAMO_SHIM_CUDA_VERSION={setting!r}: expected torch, nvcc or a version like 12.8") from None
     if version is None:
         source = "none"
     if nvcc and torch_cuda and nvcc.release[:2] != torch_cuda.release[:2]:

@@ -21,7 +21,7 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import ops, patching, sglang
+from fp4_dynamo_shim import ops, sglang
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED = 0, 1, 2
 

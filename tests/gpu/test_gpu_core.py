@@ -12,8 +12,7 @@ import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
-import fp4_dynamo_shim
-from fp4_dynamo_shim import ops, patching, reference
+from fp4_dynamo_shim import ops, patching
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import has_fp4_kernel
 

@@ -12,12 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
-import pytest
 
-import venvs
 
 REAL_NVCC = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
 
