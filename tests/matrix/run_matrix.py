@@ -98,7 +98,7 @@ def run_leg(version: str) -> dict:
         if not report.exists():
             return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
         counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
-        failures = []
+        failures, outcomes = [], {}
         for case in ElementTree.parse(report).iter("testcase"):
             parts = case.get("classname", "").split(".")
             path = next((p for p in files if Path(p).stem in parts), case.get("classname", "?"))
@@ -109,7 +109,8 @@ def run_leg(version: str) -> dict:
             elif case.find("skipped") is not None:
                 outcome = "skipped"
             counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
-    return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in,
+            outcomes[case.get("name", "")] = outcome
+    return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in, "outcomes": outcomes,
             "tail": completed.stdout[-3000:] if failures else ""}
 
 
@@ -134,6 +135,29 @@ def cell(counts: dict | None) -> str:
         return f"FAIL {counts['failed']}/{sum(counts.values())}"
     skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
     return f"pass {counts['passed']}{skipped}"
+
+
+FAMILY_TEST = "test_traces_with_no_graph_breaks_runs_and_matches_eager[{}]"
+
+
+def render_family(legs: dict) -> list:
+    """Function x release: did the function trace under fullgraph with 0 breaks, run and match eager?"""
+    prefix, suffix = FAMILY_TEST.split("{}")
+    functions = sorted({name[len(prefix):-len(suffix)] for leg in legs.values() for name in leg.get("outcomes", {})
+                        if name.startswith(prefix) and name.endswith(suffix)})
+    words = {"passed": "pass", "skipped": "absent", "failed": "FAIL"}
+    lines = ["## FP4 family: function x release", "",
+             "`pass`: traced by `torch.compile(fullgraph=True)` with 0 graph breaks, ran on CPU (reference) and matched",
+             "eager, both with the eager and the inductor backend (`tests/test_family.py`); `absent`: the release does",
+             "not have the function.", "",
+             "| FlashInfer | " + " | ".join(f"`{f}`" for f in functions) + " |",
+             "|---|" + "---|" * len(functions)]
+    for version, leg in legs.items():
+        if "outcomes" not in leg:
+            continue
+        row = [words.get(leg["outcomes"].get(FAMILY_TEST.format(f)), "-") for f in functions]
+        lines.append(f"| {version} | " + " | ".join(row) + " |")
+    return lines + [""]
 
 
 def render(legs: dict, refusals: dict) -> str:
@@ -164,6 +188,7 @@ def render(legs: dict, refusals: dict) -> str:
             version = f"{version} *"
         lines.append(f"| {version} | " + " | ".join(row) + " |")
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
+    lines += render_family(legs)
     if not_importable:
         lines += ["## \\* Releases that need a GPU to import", "",
                   "These releases fail `import flashinfer` with a CPU-only torch: they call",
