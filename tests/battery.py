@@ -18,8 +18,6 @@ class Case:
     build: Callable[[str], tuple]  # device -> (args, kwargs)
     #: Words the error message must contain (case-insensitive), or None for a valid input.
     problem: Optional[str]
-    #: FlashInfer releases before this one do not take the keyword the case uses.
-    needs_parameter: Optional[str] = None
 
 
 def _x(rows=8, columns=64, dtype=torch.bfloat16):
@@ -33,8 +31,8 @@ def _scale(device, value=1.0, dtype=torch.float32, shape=(1,)):
     return torch.full(shape, value, dtype=dtype, device=device)
 
 
-def case(name, problem, make_input, scale=lambda d: _scale(d), needs_parameter=None, **kwargs):
-    return Case(name, lambda d: ((make_input(d), scale(d)), dict(kwargs)), problem, needs_parameter)
+def case(name, problem, make_input, scale=lambda d: _scale(d), **kwargs):
+    return Case(name, lambda d: ((make_input(d), scale(d)), dict(kwargs)), problem)
 
 
 CASES = [

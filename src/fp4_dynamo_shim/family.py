@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import logging
 from typing import Callable, Optional
 
 import torch
@@ -31,9 +30,7 @@ from packaging.version import Version
 
 from . import layout, reference
 from .errors import InvalidArgumentError, NoFp4KernelError, NotExpressibleError, ShimError
-
-logger = logging.getLogger(__name__)
-NAMESPACE = "fp4_dynamo_shim"
+from .ops import NAMESPACE
 
 #: Per CUDA device index: FlashInfer's FP4 module namespace and the fp4_quantize mode
 #: ("kernel", "refuse", "reference", "launch"). Set by configure() at apply time.

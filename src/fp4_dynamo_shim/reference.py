@@ -25,7 +25,6 @@ E8M0_NAN = 255
 E8M0_BIAS = 127
 
 FP8_INPUT_DTYPES = (torch.float8_e4m3fn,)
-SIXTEEN_BIT_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
