@@ -20,6 +20,7 @@ by identity, like ``fp4_quantize`` (so ``nvfp4_block_scale_interleave``, which *
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import inspect
 from typing import Callable, Optional
@@ -67,7 +68,9 @@ class FamilyOp:
     host: bool = False
 
 
+@functools.lru_cache(maxsize=None)
 def _accepts(function: Callable, parameter: str) -> bool:
+    """Whether FlashInfer's closure takes ``parameter`` in this release (asked once per closure, not per call)."""
     return parameter in inspect.signature(function).parameters
 
 

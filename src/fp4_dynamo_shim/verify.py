@@ -50,21 +50,22 @@ def _quantize(x, global_scale):
     return flashinfer.fp4_quantize(x, global_scale)
 
 
-def _computes_values(device: str) -> bool:
-    """Whether outputs on ``device`` hold real values (CPU reference, SM100+ kernel, or the reference fallback)."""
+def _mode(device: str) -> Optional[str]:
+    """How fp4_quantize runs on ``device``: "reference" on CPU, else the current GPU's preload mode."""
     if device == "cpu":
-        return True
+        return "reference"
     loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
     entry = loaded.get(torch.cuda.current_device())
-    return bool(entry) and entry["mode"] in ("kernel", "reference")
+    return entry["mode"] if entry else None
+
+
+def _computes_values(device: str) -> bool:
+    """Whether outputs on ``device`` hold real values (CPU reference, SM100+ kernel, or the reference fallback)."""
+    return _mode(device) in ("kernel", "reference")
 
 
 def _launches(device: str) -> bool:
-    if device == "cpu":
-        return True
-    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
-    entry = loaded.get(torch.cuda.current_device())
-    return bool(entry) and entry["mode"] != "refuse"
+    return _mode(device) not in (None, "refuse")
 
 
 class _TraceOnly:
@@ -143,14 +144,8 @@ def check_compiled_matches_eager(device: str) -> str:
         for got, want in zip(compiled(x, scale), _quantize(x, scale)):
             if got.shape != want.shape or got.stride() != want.stride() or not torch.equal(got, want):
                 raise AssertionError(f"M={rows}: compiled output differs from eager")
-    where = "reference quantizer" if device == "cpu" or _mode(device) == "reference" else "FlashInfer kernel"
+    where = "reference quantizer" if _mode(device) == "reference" else "FlashInfer kernel"
     return f"inductor output equals eager bitwise for M in (1, 33, 256) ({where})"
-
-
-def _mode(device: str) -> Optional[str]:
-    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
-    entry = loaded.get(torch.cuda.current_device()) if device == "cuda" else None
-    return entry["mode"] if entry else None
 
 
 def check_cuda_graph(device: str) -> str:
