@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import venvs
-from fp4_dynamo_shim import hook, sglang
+from fp4_dynamo_shim import hook, sglang_releases
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +134,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
     ("0.5.12", True, True), ("0.5.13.post1", True, True), ("0.5.14", True, False), ("0.5.23", True, False),
 ])
 def test_sglang_releases_are_described_from_the_table(version, wraps, check):
-    release = sglang.release_for(version)
+    release = sglang_releases.release_for(version)
     assert (release.wraps_fp4_quantize, release.compile_path_check) == (wraps, check)
 
 

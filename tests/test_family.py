@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import family, layout, reference
+from fp4_dynamo_shim import family, family_ops, layout, reference
 
 
 def present():
@@ -106,15 +106,15 @@ def _op_arguments():
     }
 
 
-@pytest.mark.parametrize("name", [o.name for o in family.OPS])
+@pytest.mark.parametrize("name", [o.name for o in family_ops.OPS])
 def test_opcheck(name):
     for arguments in _op_arguments()[name]:
-        torch.library.opcheck(family.op(name), arguments)
+        torch.library.opcheck(family_ops.op(name), arguments)
 
 
 def test_interleave_matches_the_kernels_offset_function():
     grid = (torch.arange(2 * 130 * 7) % 251).to(torch.uint8).view(2, 130, 7)
-    out = family.op("block_scale_interleave")(grid)
+    out = family_ops.op("block_scale_interleave")(grid)
     expected = torch.zeros(2 * 256 * 8, dtype=torch.uint8)
     for e in range(2):  # get_sf_out_offset_128x4 with a batch index, transcribed
         for m in range(130):
@@ -127,7 +127,7 @@ def test_interleave_matches_the_kernels_offset_function():
 
 def test_dequantize_decodes_what_quantize_encoded():
     x, scale, packed, sf = quantized()
-    values = family.op("e2m1_and_ufp8sf_scale_to_float")(packed, sf.reshape(-1), 1.0 / scale, 16, 1, True, False)
+    values = family_ops.op("e2m1_and_ufp8sf_scale_to_float")(packed, sf.reshape(-1), 1.0 / scale, 16, 1, True, False)
     grid = layout.unswizzle(sf.reshape(-1), 32, 8, False)
     # FlashInfer multiplies by the decode scale 1/gs; dividing by gs can differ in the last ulp.
     assert torch.allclose(values, reference.dequantize(packed, grid, scale, 16, False), rtol=1e-6, atol=0)
@@ -137,15 +137,15 @@ def test_ue8m0_decodings_differ_between_the_two_host_dequantizers_as_in_flashinf
     weight = torch.tensor([[0x21] * 16], dtype=torch.uint8)  # codes 1 (0.5) and 2 (1.0)
     for byte, host, e2m1 in ((127, 1.0, 1.0), (0, 2.0 ** -127, 0.0), (255, float("nan"), float("inf"))):
         scale = torch.tensor([[byte]], dtype=torch.uint8)
-        got_host = family.op("mxfp4_dequantize_host")(weight, scale, 32)[0, 1].item()
-        got = family.op("e2m1_and_ufp8sf_scale_to_float")(weight, scale.reshape(-1), torch.ones(1), 32, 0, False,
+        got_host = family_ops.op("mxfp4_dequantize_host")(weight, scale, 32)[0, 1].item()
+        got = family_ops.op("e2m1_and_ufp8sf_scale_to_float")(weight, scale.reshape(-1), torch.ones(1), 32, 0, False,
                                                          False)[0, 1].item()
         assert (got_host == host or (host != host and got_host != got_host)) and got == e2m1
 
 
 def test_grouped_quantize_leaves_masked_rows_zero_and_uses_one_scale_per_expert():
     experts = torch.randn(2, 40, 64, dtype=torch.bfloat16)
-    values, scales = family.op("fp4_experts_quantize")(experts, torch.tensor([3.0, 5.0]),
+    values, scales = family_ops.op("fp4_experts_quantize")(experts, torch.tensor([3.0, 5.0]),
                                                        torch.tensor([40, 17], dtype=torch.int32), False, 0)
     assert not values[1, 17:].any()
     for e, s in enumerate((3.0, 5.0)):

@@ -35,15 +35,35 @@ def _names_bound_to(objects):
     return found
 
 
-def test_revert_restores_every_identical_original_object():
-    fp4_dynamo_shim.revert()
-    originals = {
+def _flashinfer_originals():
+    """FlashInfer's own objects the shim replaces, read from FlashInfer while the shim is reverted."""
+    assert not wrapper.is_shim(flashinfer.fp4_quantize)
+    return {
         "get_cuda_version": cpp_ext.get_cuda_version,
         "is_cuda_version_at_least": cpp_ext.is_cuda_version_at_least,
         **{m.name: getattr(flashinfer, m.name) for m in family.members_for(patching.flashinfer_version())
            if hasattr(flashinfer, m.name)},
         "fp4_quantize": flashinfer.fp4_quantize,
     }
+
+
+def test_no_module_of_the_shim_holds_an_original_once_applied():
+    """A kept original in a module global of the shim's is what rebinding turned into the replacement
+    (mm_fp4's op then called itself forever on a GPU). Originals live in closures and the applied record."""
+    fp4_dynamo_shim.revert()
+    originals = _flashinfer_originals()
+    assert fp4_dynamo_shim.apply()
+    held = sorted(
+        f"{module_name}.{name}" for module_name, module in list(sys.modules.items())
+        if module_name == "fp4_dynamo_shim" or module_name.startswith("fp4_dynamo_shim.")
+        for name, value in vars(module).items() if any(value is original for original in originals.values()))
+    assert held == []
+    assert not [name for name in fp4_dynamo_shim.status()["rebound"] if name.startswith("fp4_dynamo_shim")]
+
+
+def test_revert_restores_every_identical_original_object():
+    fp4_dynamo_shim.revert()
+    originals = _flashinfer_originals()
     before = _names_bound_to(originals)
     assert fp4_dynamo_shim.apply()
     assert wrapper.is_shim(flashinfer.fp4_quantize)

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cuda_version, family, ops, preload, rebind, sglang, targets, wrapper
+from . import cuda_version, family, family_ops, ops, preload, rebind, sglang_releases, targets, wrapper
 from .config import Settings
 from .errors import ApplyError
 
@@ -110,7 +110,7 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
     new_get, new_at_least = cuda_version.make_replacements(resolved, cpp_ext.get_cuda_version)
     recipe = wrapper.recipe_for(original, module)
     replacement = wrapper.build(original, module, recipe)
-    family_pairs, family_report = family.build_replacements(version, module, replacement, recipe)
+    family_replaced, family_report = family.build_replacements(version, module, replacement, recipe)
 
     swaps, bindings = [], []
 
@@ -128,9 +128,9 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
             module.get_fp4_quantization_module, target, settings.fallback, ops.launch_reference
         )
         ops.configure(target, launchers)
-        family.configure(namespaces)
+        family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
         swap(original, replacement)
-        for family_original, family_replacement in family_pairs:
+        for family_original, family_replacement in family_replaced.values():
             swap(family_original, family_replacement)
     except BaseException:
         _undo(swaps)
@@ -203,7 +203,7 @@ def status() -> dict:
             "supported_flashinfer": targets.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
-            "sglang": sglang.describe(),
+            "sglang": sglang_releases.describe(),
         }
         if applied is None:
             return report

@@ -5,6 +5,9 @@ import fp4_quantize``, ``... as fp4_quantize_flashinfer``), so patching the
 defining module alone leaves those copies pointing at the original. Matching by
 identity, not by name, catches aliases and never touches a different function
 that happens to be called ``fp4_quantize`` (sgl_kernel's ``scaled_fp4_quant``).
+
+The shim's own modules are never rebound: a reference the shim keeps to an original must stay the
+original, or the replacement ends up calling itself.
 """
 
 from __future__ import annotations
@@ -24,6 +27,13 @@ class Binding:
         return f"{self.module}.{self.name}"
 
 
+SHIM_PACKAGE = __name__.rpartition(".")[0]
+
+
+def is_shim_module(name: str) -> bool:
+    return name == SHIM_PACKAGE or name.startswith(SHIM_PACKAGE + ".")
+
+
 def _module_dicts(modules: Optional[Iterable[types.ModuleType]]):
     candidates = list(sys.modules.values()) if modules is None else modules
     for module in candidates:
@@ -31,7 +41,9 @@ def _module_dicts(modules: Optional[Iterable[types.ModuleType]]):
         # attributes can import things.
         if isinstance(module, types.ModuleType):
             namespace = module.__dict__
-            yield namespace.get("__name__", "?"), namespace
+            name = namespace.get("__name__", "?")
+            if not is_shim_module(str(name)):
+                yield name, namespace
 
 
 def swap(old: object, new: object, modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:

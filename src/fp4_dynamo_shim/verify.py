@@ -21,7 +21,7 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import ops, sglang
+from fp4_dynamo_shim import ops, sglang, sglang_releases
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED = 0, 1, 2
 
@@ -173,7 +173,7 @@ def check_cuda_graph(device: str) -> str:
 
 
 def check_sglang_compile_path(device: str) -> str:
-    described = sglang.describe()
+    described = sglang_releases.describe()
     if described.get("installed") is None:
         raise Skip("sglang is not installed")
     if not described.get("compile_path_check"):

@@ -14,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import family, patching, reference
+from fp4_dynamo_shim import family_ops, patching, reference
 from gpu_support import has_fp4_kernel
 
 
@@ -44,7 +44,7 @@ def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_
                torch.randn(3, 129, 12, device="cuda").to(torch.bfloat16)):
         got = torch.compile(flashinfer.block_scale_interleave, fullgraph=True, backend="inductor")(sf)
         assert torch.equal(got, original(sf))
-        assert torch.equal(got.cpu(), family.op("block_scale_interleave")(sf.cpu()))
+        assert torch.equal(got.cpu(), family_ops.op("block_scale_interleave")(sf.cpu()))
         assert no_breaks(flashinfer.block_scale_interleave, sf)
 
 

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching, sglang
+from fp4_dynamo_shim import patching, sglang, sglang_releases
 from gpu_support import has_fp4_kernel
 
-release = sglang.release_for(sglang.installed_version())
+release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
                                 reason="needs an SGLang with install_torch_compiled (0.5.3.post2-0.5.13)")
 
