@@ -58,7 +58,29 @@ def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
 def test_a_broken_hook_module_does_not_stop_the_interpreter(installed, tmp_path):
     (tmp_path / "fp4_dynamo_shim_hook.py").write_text("raise RuntimeError('hook module is broken here')\n")
     result = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
-    assert result.returncode == 0 and result.stdout.strip() == "alive"  # site.py reports it and goes on
+    assert result.returncode == 0 and result.stdout.strip() == "alive"
+    # The .pth did run the hook: site.py reports the failure and goes on.
+    assert "fp4_dynamo_shim.pth" in result.stderr and "hook module is broken here" in result.stderr
+
+
+def test_the_hook_follows_the_value_of_the_variable_not_its_presence(installed):
+    code = "import flashinfer; print(getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False))"
+    outcomes = {value: installed.run(code, env={"FP4_DYNAMO_SHIM": value}).stdout.strip()
+                for value in ("1", "true", "0", "false")}
+    assert outcomes == {"1": "True", "true": "True", "0": "False", "false": "False"}
+
+
+def test_importing_the_shim_exports_the_variable_that_activates_spawned_children(installed, tmp_path):
+    """Route 1: a launcher that imports the shim and spawns a worker that never imports it. The import sits
+    under the main guard: a spawned child re-imports the launcher's top level, which would import the shim
+    there too and hide whether the variable did its work."""
+    script = tmp_path / "launcher.py"
+    script.write_text(venvs.SPAWN_PARENT.replace(
+        'assert "fp4_dynamo_shim" not in sys.modules and "torch" not in sys.modules', "import fp4_dynamo_shim"))
+    result = subprocess.run([str(installed.python), str(script)], capture_output=True, text=True, timeout=600,
+                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["patched"] is True
 
 
 def test_a_failing_post_import_hook_is_one_warning_and_the_program_goes_on(installed, tmp_path):
@@ -113,6 +135,30 @@ def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
     assert ran.stdout.strip() == "True", ran.stderr
 
 
+def test_sglang_plugin_rebinds_an_original_bound_after_the_shim_applied(tmp_path, monkeypatch):
+    """A lazy loader cached FlashInfer's function before the shim applied; a module bound it afterwards.
+    apply() has already run (the hook did it), so only the plugin's rescan can reach that binding."""
+    import fp4_dynamo_shim
+    from fp4_dynamo_shim import sglang
+
+    (tmp_path / "lazy_loader.py").write_text(
+        "import functools\n@functools.cache\ndef fp4():\n    from flashinfer import fp4_quantize\n    return fp4_quantize\n")
+    (tmp_path / "late_layer.py").write_text("import lazy_loader\nfp4_quantize = lazy_loader.fp4()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fp4_dynamo_shim.revert()
+    import lazy_loader
+    original = lazy_loader.fp4()
+    assert fp4_dynamo_shim.apply()
+    import late_layer
+    try:
+        assert late_layer.fp4_quantize is original
+        sglang.plugin()
+        assert getattr(late_layer.fp4_quantize, "__fp4_dynamo_shim__", False)
+    finally:
+        sys.modules.pop("late_layer", None)
+        sys.modules.pop("lazy_loader", None)
+
+
 def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(installed, tmp_path):
     (tmp_path / "early_sglang_layer.py").write_text("from flashinfer import fp4_quantize as bound_early\n")
     code = textwrap.dedent("""
@@ -148,7 +194,7 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert document["exit_code"] == 0 and document["device"] == "cpu"
     assert {c["name"]: c["result"] for c in document["checks"]} == {
         "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
-        "cuda-graph": "skip", "sglang-compile": "skip",
+        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass",
     }
     assert document["status"]["applied"] and document["environment"]["flashinfer"]
     assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])

@@ -13,6 +13,8 @@ from torch.library import opcheck
 
 from fp4_dynamo_shim import ops, targets
 
+from release_facts import FACTS
+
 RECIPES = [(16, False), (32, True)]  # NVFP4, MXFP4
 LAYOUTS = [(True, False), (True, True), (False, False)]  # swizzled 128x4, swizzled 8x4, linear
 DTYPES = [torch.float16, torch.bfloat16, torch.float8_e4m3fn]
@@ -70,28 +72,38 @@ def test_column_major_input_returns_transposed_views():
     assert sf.shape == (16, 128) and sf.stride() == (1, 16)
 
 
-def test_swizzled_scale_factor_columns_follow_the_release(target_row):
+@pytest.mark.parametrize("version", sorted(FACTS))
+def test_each_release_gets_the_row_its_wheel_calls_for(version):
+    facts, target = FACTS[version], targets.target_for(version)
+    assert target is not None, f"flashinfer {version} is not covered by the targets table"
+    assert (target.module, target.kernel_args, target.swizzled_sf_padded_columns, target.linear_sf_row_alignment,
+            target.converts_global_scale, target.row_wise_global_scale) == (
+        facts.module, facts.kernel_args, facts.swizzled_sf_padded_columns, facts.linear_sf_row_alignment,
+        facts.converts_global_scale, facts.row_wise_global_scale)
+
+
+@pytest.mark.parametrize("version", sorted(FACTS))
+def test_swizzled_scale_factor_columns_follow_the_release(version, target_row):
     """K/sf_vec_size = 6, not a multiple of 4: viewed as (-1, 6) before 0.6.8, as (-1, 8) from 0.6.8 on."""
-    for target in targets.TARGETS:
-        target_row(target)
-        arguments = (torch.tensor([1.0]), 16, False, True, False, False, None, 0)
-        _, sf = ops.fp4_quantize_op(make_input((384, 96), torch.float16), *arguments)
-        assert sf.shape == ((384, 8) if target.swizzled_sf_padded_columns else (384 * 8 // 6, 6))
-        if not target.swizzled_sf_padded_columns:
-            # 256 * 8 bytes do not divide into rows of 6: those releases fail in their reshape, and so do we.
-            with pytest.raises(RuntimeError, match=r"shape '\[-1, 6\]' is invalid"):
-                ops.fp4_quantize_op(make_input((256, 96), torch.float16), *arguments)
+    target_row(targets.target_for(version))
+    arguments = (torch.tensor([1.0]), 16, False, True, False, False, None, 0)
+    _, sf = ops.fp4_quantize_op(make_input((384, 96), torch.float16), *arguments)
+    padded = FACTS[version].swizzled_sf_padded_columns
+    assert sf.shape == ((384, 8) if padded else (512, 6))
+    if not padded:
+        # 256 * 8 bytes do not divide into rows of 6: those releases fail in their reshape, and so do we.
+        with pytest.raises(RuntimeError, match=r"shape '\[-1, 6\]' is invalid"):
+            ops.fp4_quantize_op(make_input((256, 96), torch.float16), *arguments)
 
 
-def test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it(target_row):
+@pytest.mark.parametrize("version", sorted(FACTS))
+def test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it(version, target_row):
     """0.6.7-0.7.2 allocate round_up(M, 16) rows (the kernel may write them) and slice to M."""
-    x = make_input((5, 64), torch.float16)
-    for target in targets.TARGETS:
-        target_row(target)
-        _, sf = ops.fp4_quantize_op(x, torch.tensor([1.0]), 16, False, False, False, False, None, 0)
-        assert sf.shape == (5, 4)
-        capacity = sf.untyped_storage().nbytes()
-        assert capacity == (16 if target.linear_sf_row_alignment == 16 else 5) * 4
+    target_row(targets.target_for(version))
+    _, sf = ops.fp4_quantize_op(make_input((5, 64), torch.float16), torch.tensor([1.0]), 16, False, False, False,
+                                False, None, 0)
+    assert sf.shape == (5, 4)
+    assert sf.untyped_storage().nbytes() == (16 if FACTS[version].linear_sf_row_alignment == 16 else 5) * 4
 
 
 def test_fake_handles_symbolic_rows():

@@ -1,20 +1,24 @@
 """The shim calls FlashInfer's JIT-module entry with exactly the arguments FlashInfer's own path passes.
 
-Stand-ins (no GPU here): the JIT module itself (a recorder, since building it needs nvcc and a GPU),
-and the two device queries the original path makes (compute capability 10.0, PDL supported), which
-are what an SM100 machine would answer. Everything between them is the real code of both sides.
+Both sides are called the way users call them: FlashInfer's ``fp4_quantize`` with the shim reverted, and
+the public (shimmed) ``flashinfer.fp4_quantize`` with the launcher that ``apply()`` built through
+``preload.load``. Stand-ins, because there is no GPU here: the JIT module itself (a recorder, since
+building it needs nvcc and a GPU); the device queries both sides make (one visible GPU, compute
+capability 10.0, PDL supported), which are what an SM100 machine answers; and CPU tensors take that
+GPU's launcher (they cannot be CUDA tensors here). Everything between is the real code of both sides.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import flashinfer
 import pytest
 import torch
 
+import fp4_dynamo_shim
 from fp4_dynamo_shim import ops, preload
-from helpers import installed_target
 
 
 class RecordingModule:
@@ -43,8 +47,15 @@ def recording_flashinfer(unpatched, monkeypatch):
     monkeypatch.setattr(module, "gen_fp4_quantization_sm100_module", lambda: RecordingSpec(recorder))
     monkeypatch.setattr(module, "get_compute_capability", lambda device: (10, 0))
     monkeypatch.setattr(module, "device_support_pdl", lambda device: True)
+    monkeypatch.setattr(preload, "visible_device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (10, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in SM100")
     module.get_fp4_quantization_module.cache_clear()
-    yield original, module, recorder
+    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+    assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
+    monkeypatch.setitem(ops._launchers, -1, ops._launchers[0])  # CPU tensors take the stand-in GPU's launcher
+    yield original, recorder
+    fp4_dynamo_shim.revert()
     module.get_fp4_quantization_module.cache_clear()
 
 
@@ -67,12 +78,20 @@ CASES = [
     dict(three_d=True, is_sf_swizzled_layout=False),
     dict(dtype=torch.float8_e4m3fn),
     dict(rows=300),
+    dict(is_global_scale_inversed=True),
+    # 0.7.1+: an explicit nvfp4_4over6=None takes the replacement's fast path (the default sentinel does not).
+    dict(nvfp4_4over6=None),
+    dict(nvfp4_4over6=None, enable_pdl=False),
+    dict(nvfp4_4over6=None, is_sf_swizzled_layout=False, is_global_scale_inversed=True),
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "defaults")
 def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
-    original, module, recorder = recording_flashinfer
+    original, recorder = recording_flashinfer
+    missing = set(case) - set(inspect.signature(original).parameters) - {"rows", "dtype", "column_major", "three_d"}
+    if missing:
+        pytest.skip(f"this FlashInfer's fp4_quantize has no {', '.join(sorted(missing))}")
     case = dict(case)
     rows, dtype = case.pop("rows", 5), case.pop("dtype", torch.bfloat16)
     column_major, three_d = case.pop("column_major", False), case.pop("three_d", False)
@@ -85,20 +104,8 @@ def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
     global_scale = torch.tensor([2.0])
 
     expected_outputs = original(x, global_scale, **case)
-    (expected,) = recorder.calls
-    recorder.calls.clear()
-
-    raw = preload.jit_module_of(module.get_fp4_quantization_module("100"))
-    assert raw is recorder
-    launcher = preload.make_kernel_launcher(raw.fp4_quantize, installed_target(), enable_pdl_default=True)
-    options = dict(sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True, is_sf_8x4_layout=False,
-                   enable_pdl=None)
-    options.update(case)
-    outputs = ops.quantize(
-        x, global_scale, options["sf_vec_size"], options["sf_use_ue8m0"], options["is_sf_swizzled_layout"],
-        options["is_sf_8x4_layout"], False, options["enable_pdl"], 0, launch=launcher,
-    )
-    (actual,) = recorder.calls
+    shim_outputs = flashinfer.fp4_quantize(x, global_scale, **case)
+    (expected, actual) = recorder.calls
     # Inputs and scalars: identical. Output buffers (positions 2 and 3): same bytes, dtype and contiguity.
     # The shim allocates them in the shape it returns (saving a view per eager call); every release's
     # kernel entry reads only their data pointers, so their shape is not part of the call.
@@ -108,4 +115,4 @@ def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
         got, want = actual[position], expected[position]
         assert (got.numel(), got.dtype, got.is_contiguous(), got.untyped_storage().nbytes()) == (
             want.numel(), want.dtype, want.is_contiguous(), want.untyped_storage().nbytes())
-    assert [describe(o)[:4] for o in outputs] == [describe(e)[:4] for e in expected_outputs]
+    assert [describe(o)[:4] for o in shim_outputs] == [describe(e)[:4] for e in expected_outputs]

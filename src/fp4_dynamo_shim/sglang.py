@@ -38,9 +38,10 @@ def compile_path_check(capture_sizes=(1, 2, 4), hidden: int = 256, compare_value
     piecewise CUDA graphs are captured for ``capture_sizes`` in a fresh graph pool, and each size is
     replayed on fresh inputs copied into the captured buffers. Needs a GPU and SGLang 0.5.3.post2-0.5.13.
     ``block`` replaces the built-in block (a CUDA module taking ``[tokens, hidden]`` bf16).
-    Returns what happened; raises whatever SGLang or Dynamo raise.
+    Returns what happened (``cuda_graphs_captured`` counts ``torch.cuda.CUDAGraph`` captures that completed
+    while SGLang ran; ``replays_equal_eager`` is None when values were not compared); raises whatever SGLang
+    or Dynamo raise.
     """
-    import contextlib
     import inspect
 
     import flashinfer
@@ -71,17 +72,42 @@ def compile_path_check(capture_sizes=(1, 2, 4), hidden: int = 256, compare_value
     config = CompilationConfig(**{k: v for k, v in options.items() if k in accepted})
     install_torch_compiled(block, dynamic_arg_dims={"x": 0}, compile_config=config,
                            graph_pool=torch.cuda.graph_pool_handle())
-    capture_stream = torch.cuda.Stream()
     stream_context = getattr(context, "set_pcg_capture_stream", None)
+    result = {"capture_sizes": list(capture_sizes), "replays_equal_eager": None, "cuda_graphs_captured": 0}
+    captured = []
+    capture_end = torch.cuda.CUDAGraph.capture_end
+
+    def counting_capture_end(graph, *args, **kwargs):
+        capture_end(graph, *args, **kwargs)
+        captured.append(graph)
+
+    torch.cuda.CUDAGraph.capture_end = counting_capture_end
+    try:
+        mismatches = _capture_and_replay(block, capture_sizes, hidden, compare_values, context, set_compiled,
+                                         stream_context)
+    finally:
+        torch.cuda.CUDAGraph.capture_end = capture_end
+    result["cuda_graphs_captured"] = len(captured)
+    if compare_values:
+        result["replays_equal_eager"] = mismatches == 0
+    return result
+
+
+def _capture_and_replay(block, capture_sizes, hidden, compare_values, context, set_compiled, stream_context) -> int:
+    """Compile, warm up and capture each size, then replay on fresh inputs; returns the mismatches with eager."""
+    import contextlib
+
+    import torch
+
+    capture_stream = torch.cuda.Stream()
     static_inputs = {size: torch.zeros(size, hidden, device="cuda", dtype=torch.bfloat16) for size in capture_sizes}
-    result = {"capture_sizes": list(capture_sizes), "replays_equal_eager": None}
+    mismatches = 0
     with context.enable_piecewise_cuda_graph(), set_compiled(True):
         with (stream_context(capture_stream) if stream_context else contextlib.nullcontext()):
             for size in capture_sizes:  # compile on the first call, warm up, capture
                 for _ in range(3):
                     block(static_inputs[size].normal_())
             torch.cuda.synchronize()
-            mismatches = 0
             for size in capture_sizes:  # replay on fresh values in the captured buffers
                 static_inputs[size].copy_(torch.randn(size, hidden, device="cuda", dtype=torch.bfloat16))
                 replayed = [t.clone() for t in block(static_inputs[size])]
@@ -90,7 +116,5 @@ def compile_path_check(capture_sizes=(1, 2, 4), hidden: int = 256, compare_value
                         eager = block(static_inputs[size])
                     mismatches += sum(not torch.equal(r, e) for r, e in zip(replayed, eager))
             torch.cuda.synchronize()
-    if compare_values:
-        result["replays_equal_eager"] = mismatches == 0
-    return result
+    return mismatches
 

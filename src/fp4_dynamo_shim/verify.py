@@ -185,9 +185,78 @@ def check_sglang_compile_path(device: str) -> str:
     outcome = sglang.compile_path_check(compare_values=_computes_values(device))
     if outcome["replays_equal_eager"] is False:
         raise AssertionError("replays through SGLang's piecewise CUDA graphs differ from eager")
+    if outcome["cuda_graphs_captured"] < len(outcome["capture_sizes"]):
+        raise AssertionError(f"SGLang captured {outcome['cuda_graphs_captured']} CUDA graphs for capture sizes "
+                             f"{outcome['capture_sizes']}")
     compared = "equal eager" if outcome["replays_equal_eager"] else "not compared (no FP4 values on this GPU)"
     return (f"sglang {described['installed']} install_torch_compiled + SGLangBackend, capture sizes "
-            f"{outcome['capture_sizes']}: traced, captured, replayed; outputs {compared}")
+            f"{outcome['capture_sizes']}: traced, {outcome['cuda_graphs_captured']} CUDA graphs captured, replayed; "
+            f"outputs {compared}")
+
+
+def family_examples(device: str) -> dict:
+    """name -> (args, kwargs): one valid call of each FP4 family function, inputs built on the CPU (the
+    reference) and moved to ``device``, so that building them needs no FP4 kernel."""
+    import flashinfer
+
+    def on(*tensors):
+        return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+    x, scale = _inputs(32, "cpu", columns=128)
+    packed, sf = flashinfer.fp4_quantize(x, scale)
+    _, sf_linear = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    w, w_scale = _inputs(64, "cpu", columns=128)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
+    mx_packed, mx_sf = flashinfer.fp4_quantize(x, None, 32, True, False)
+    mx_swizzled = flashinfer.fp4_quantize(x, None, 32, True, True)
+    experts = x[:, :64].reshape(2, 16, 64).contiguous()
+    mask = torch.tensor([16, 9], dtype=torch.int32)
+    return {
+        "nvfp4_quantize": (on(x, scale), {}),
+        "mxfp4_quantize": (on(x), {}),
+        "block_scale_interleave": (on(sf_linear), {}),
+        "e2m1_and_ufp8sf_scale_to_float": ((packed, sf.reshape(-1), 1.0 / scale), {}),  # host functions
+        "mxfp4_dequantize": (on(*mx_swizzled), {}),
+        "mxfp4_dequantize_host": ((mx_packed, mx_sf), {}),
+        "nvfp4_batched_quantize": (on(x.view(2, 16, 128), scale), {}),
+        "scaled_fp4_grouped_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "silu_and_mul_scaled_nvfp4_experts_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "mm_fp4": (on(packed, w_packed.t(), sf, w_sf.t(), 1.0 / (scale * w_scale)), {"out_dtype": torch.bfloat16}),
+    }
+
+
+def check_family(device: str) -> str:
+    """Each FP4 family function the shim replaced, called once: a result, the shim's refusal on a GPU with no
+    FP4 kernel, or exactly FlashInfer's own error (what its original function raises for the same call)."""
+    import flashinfer
+
+    from fp4_dynamo_shim import patching
+    from fp4_dynamo_shim.errors import NoFp4KernelError
+
+    replaced = [name for name, state in fp4_dynamo_shim.status()["family"].items() if state.startswith("op-backed")]
+    examples = family_examples(device)
+    outcomes = {"result": [], "refused (no FP4 kernel)": [], "FlashInfer's own error": []}
+    for name in replaced:
+        args, kwargs = examples[name]
+        try:
+            getattr(flashinfer, name)(*args, **kwargs)
+            outcomes["result"].append(name)
+            continue
+        except NoFp4KernelError:
+            outcomes["refused (no FP4 kernel)"].append(name)
+            continue
+        except Exception as error:  # compared with FlashInfer's own outcome below
+            shim_error = error
+        try:
+            patching.original_function(name)(*args, **kwargs)
+        except Exception as error:  # FlashInfer's own refusal, the one acceptable error
+            if type(error) is type(shim_error) and str(error) == str(shim_error):
+                outcomes["FlashInfer's own error"].append(f"{name}: {type(error).__name__}: {str(error)[:80]}")
+                continue
+        raise AssertionError(f"{name}: {type(shim_error).__name__}: {str(shim_error)[:200]} "
+                             "(FlashInfer's own function does not raise this)")
+    summary = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in outcomes.items() if names)
+    return f"{len(replaced)} functions called once on {device}: {summary}"
 
 
 def check_baseline(device: str) -> str:
@@ -215,6 +284,7 @@ CHECKS: List[tuple] = [
     ("compiled-vs-eager", check_compiled_matches_eager),
     ("cuda-graph", check_cuda_graph),
     ("sglang-compile", check_sglang_compile_path),
+    ("family", check_family),
 ]
 
 

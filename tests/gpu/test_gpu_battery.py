@@ -52,7 +52,8 @@ def test_never_less_strict_than_flashinfer(case: Case, launch_mode):
         return
     if flashinfer_error is not None:
         assert shim_error is not None, f"FlashInfer raised {flashinfer_error!r}; the shim returned"
-        assert isinstance(shim_error, (type(flashinfer_error), RuntimeError, ValueError)), (shim_error, flashinfer_error)
+        # The same class as FlashInfer's (or a subclass): an `except` written for FlashInfer still catches it.
+        assert isinstance(shim_error, type(flashinfer_error)), (shim_error, flashinfer_error)
         return
     if shim_error is not None:
         converting = target.converts_global_scale and case.name in ("global_scale_int32", "global_scale_on_cpu")

@@ -32,14 +32,15 @@ def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(la
         assert fp4_dynamo_shim.apply()
 
 
-def test_with_the_shim_sglang_traces_captures_and_replays(launch_mode):
+def test_with_the_shim_sglang_traces_captures_and_replays_the_real_kernel_launch(launch_mode):
     outcome = sglang.compile_path_check(compare_values=has_fp4_kernel())
-    assert outcome["capture_sizes"] == [1, 2, 4]
-    assert outcome["replays_equal_eager"] in (None, True)
+    assert outcome["cuda_graphs_captured"] >= 3  # one graph per capture size at least: SGLang captured them
+    assert outcome["replays_equal_eager"] is (True if has_fp4_kernel() else None)
 
 
 def test_with_the_reference_fallback_sglang_replays_equal_eager(reference_mode):
     outcome = sglang.compile_path_check(compare_values=True)
+    assert outcome["cuda_graphs_captured"] >= 3
     assert outcome["replays_equal_eager"] is True
 
 
@@ -77,7 +78,7 @@ def test_module_global_bound_before_the_shim_fails_unpatched_and_passes_rebound(
         assert fp4_dynamo_shim.apply()
     assert getattr(module.fp4_quantize, "__fp4_dynamo_shim__", False)  # rebound by identity
     outcome = sglang.compile_path_check(compare_values=False, block=module.Fp4Linear(256))
-    assert outcome["capture_sizes"] == [1, 2, 4]
+    assert outcome["cuda_graphs_captured"] >= 3
 
 
 def test_modelopt_fp4_linear_apply_traces_with_fp4_quantize_bound_as_on_sm12x(launch_mode, monkeypatch):
