@@ -51,11 +51,22 @@ def median_ratio(numerator: List[float], denominator: List[float]) -> float:
     return statistics.median(n / d for n, d in zip(numerator, denominator))
 
 
-def write(name: str, document: dict) -> Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def add_save_option(parser) -> None:
+    """``--save [DIR]``: write the JSON result (to benchmarks/results/ by default). Without it nothing is
+    written, so a run never overwrites the committed results by accident."""
+    parser.add_argument("--save", nargs="?", const=str(RESULTS), default=None, metavar="DIR",
+                        help=f"write the JSON result into DIR (default {RESULTS.relative_to(RESULTS.parent.parent)})")
+
+
+def write(name: str, document: dict, save) -> str:
+    """Write ``document`` as ``<save>/<name>.json`` when ``save`` is a directory; say what happened."""
+    if save is None:
+        return "result not saved (pass --save to write it)"
+    directory = Path(save)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     path.write_text(json.dumps(document, indent=2) + "\n")
-    return path
+    return f"wrote {path}"
 
 
 def table(headers: List[str], rows: List[list]) -> str:

@@ -21,7 +21,7 @@ import fp4_dynamo_shim
 from fp4_dynamo_shim import patching
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from common import environment, interleaved_ratio, median_ratio, now, table, write  # noqa: E402
+from common import add_save_option, environment, interleaved_ratio, median_ratio, now, table, write  # noqa: E402
 
 
 def main() -> int:
@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--columns", type=int, nargs="+", default=[2048, 7168])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=15)
+    add_save_option(parser)
     options = parser.parse_args()
     if not torch.cuda.is_available():
         print("P1 needs a GPU", file=sys.stderr)
@@ -60,12 +61,12 @@ def main() -> int:
     print(table(["M", "K", "original us/call", "shim us/call", "shim/original"], rows_out))
     worst = max(r["ratio"] for r in results)
     print(f"worst ratio {worst:.3f} (goal <= 0.8)")
-    path = write("p1_eager_overhead", {
+    saved = write("p1_eager_overhead", {
         "benchmark": "P1 eager per-call cost, shim / original", "when": now(), "environment": environment(),
         "mode": fp4_dynamo_shim.status()["devices"][0]["mode"], "calls": options.calls, "rounds": options.rounds,
         "command": " ".join(["python"] + sys.argv), "results": results, "worst_ratio": worst,
-    })
-    print(f"wrote {path}")
+    }, options.save)
+    print(saved)
     return 0
 
 

@@ -22,7 +22,7 @@ import fp4_dynamo_shim
 from fp4_dynamo_shim import patching
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import environment, now, table, write  # noqa: E402
+from common import add_save_option, environment, now, table, write  # noqa: E402
 
 
 class DecodeStack(torch.nn.Module):
@@ -82,6 +82,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--backend", default="inductor")
+    add_save_option(parser)
     options = parser.parse_args()
     if not fp4_dynamo_shim.status()["applied"] or not torch.cuda.is_available():
         print("P2 needs a GPU and the applied shim", file=sys.stderr)
@@ -111,13 +112,13 @@ def main() -> int:
         rows_out.append([rows, f"{eager_us:.0f}", f"{captured_us:.0f}", f"{captured_us / eager_us:.3f}",
                          f"{kernels_us:.0f}", f"{captured_us / kernels_us:.2f}"])
     print(table(["M", "eager us", "compiled+graph us", "graph/eager", "kernel sum us", "graph/kernels"], rows_out))
-    path = write("p2_decode_stack", {
+    saved = write("p2_decode_stack", {
         "benchmark": "P2 decode stack, eager original vs compiled+CUDA graph with the shim", "when": now(),
         "environment": environment(), "layers": options.layers, "hidden": options.hidden,
         "backend": options.backend, "mode": fp4_dynamo_shim.status()["devices"][0]["mode"],
         "command": " ".join(["python"] + sys.argv), "results": results,
-    })
-    print(f"wrote {path}")
+    }, options.save)
+    print(saved)
     return 0
 
 

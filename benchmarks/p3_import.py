@@ -21,7 +21,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import environment, now, table, write  # noqa: E402
+from common import add_save_option, environment, now, table, write  # noqa: E402
 
 SHIM = "import fp4_dynamo_shim"
 FLASHINFER = "import flashinfer"
@@ -38,6 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--skip-cold", action="store_true")
+    add_save_option(parser)
     options = parser.parse_args()
     run(SHIM)  # warm the JIT cache (and the OS page cache) once
     pairs = [(run(FLASHINFER), run(SHIM)) for _ in range(options.samples)]
@@ -59,11 +60,11 @@ def main() -> int:
         rows.append(["import fp4_dynamo_shim (cold JIT cache)", f"{cold['import_s']:.1f}"])
         rows.append(["of which FP4 module build (per GPU)", ", ".join(f"{b:.1f}" for b in cold["build_s"] if b)])
     print(table(["what", "seconds"], rows))
-    path = write("p3_import", {"benchmark": "P3 import cost", "when": now(), "environment": environment(),
+    saved = write("p3_import", {"benchmark": "P3 import cost", "when": now(), "environment": environment(),
                                "command": " ".join(["python"] + sys.argv),
                                "fallback": os.environ.get("FP4_DYNAMO_SHIM_FALLBACK", "error"),
-                               "warm": warm, "cold": cold})
-    print(f"wrote {path}")
+                               "warm": warm, "cold": cold}, options.save)
+    print(saved)
     return 0
 
 

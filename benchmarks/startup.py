@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from common import environment, now, table, write  # noqa: E402
+from common import add_save_option, environment, now, table, write  # noqa: E402
 import venvs  # noqa: E402
 
 
@@ -34,6 +34,7 @@ def start(python: Path, env: dict) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
+    add_save_option(parser)
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:
         bare = venvs.create(Path(scratch) / "bare", with_project=False)
@@ -56,10 +57,10 @@ def main() -> int:
         results[name] = {"median_ms": statistics.median(values) * 1e3, "ratio": ratio}
         rows.append([name, f"{statistics.median(values) * 1e3:.1f}", f"{ratio:.3f}"])
     print(table(["python -c pass", "median ms", "ratio to no package"], rows))
-    path = write("startup", {"benchmark": "interpreter start-up with the import hook", "when": now(),
+    saved = write("startup", {"benchmark": "interpreter start-up with the import hook", "when": now(),
                              "environment": environment(), "rounds": options.rounds,
-                             "command": " ".join(["python"] + sys.argv), "results": results})
-    print(f"wrote {path}")
+                             "command": " ".join(["python"] + sys.argv), "results": results}, options.save)
+    print(saved)
     return 0
 
 

@@ -1,46 +1,89 @@
 """Start-up half of fp4_dynamo_shim's import hook.
 
-``fp4_dynamo_shim.pth`` imports this module only when ``FP4_DYNAMO_SHIM=1``; a sitecustomize block
-written by ``fp4-dynamo-shim install-hook`` imports it unconditionally. It makes the shim follow SGLang
-into every spawned worker: as soon as ``flashinfer`` is imported, the shim applies.
+Three start-up routes import this module: ``fp4_dynamo_shim.pth`` (from the package, only when
+``FP4_DYNAMO_SHIM=1``), the unconditional ``.pth`` that ``fp4-dynamo-shim install-hook`` writes, and the
+sitecustomize block it writes where ``.pth`` files are not processed. It makes the shim follow SGLang into
+every spawned worker: as soon as ``flashinfer`` is imported, the shim applies.
 
 Start-up cost matters (every process pays it), so at start-up this only puts a tiny finder on
 ``sys.meta_path``; it imports nothing. wrapt is imported, and its post-import hook registered, when
 ``flashinfer`` itself is first imported: wrapt 2.x imports asyncio and importlib.metadata, about 45 ms
 per process start, which is noise next to importing flashinfer but not next to ``python -c pass``.
-Nothing here may stop the program, so every failure becomes one logged warning.
+Nothing here may stop the program, so every failure becomes one warning.
+
+It is also where the project's on/off switches are parsed (stdlib only, so that start-up code can use it),
+and where verify's worker probe lives (a spawned child must be able to import it without the shim).
 """
 
 import os
 import sys
 
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("", "0", "false", "no", "off")
+HOOK_VARIABLE = "FP4_DYNAMO_SHIM"
+DISABLE_VARIABLE = "FP4_DYNAMO_SHIM_DISABLE"
+
+#: The start-up route that installed the hook in this process ("pth", "install-hook" or "sitecustomize").
+route = None
+#: Set while the hook imports the shim, so that the shim records which route applied it.
+activating = None
 _installed = False
+_warned = set()
 
 
-def _warn(stage, error):
+def switch(name, environ=None):
+    """(value, problem) of an on/off variable: unset or a false word is off, a true word is on, anything else
+    is off with a problem naming the variable and the accepted values."""
+    raw = (os.environ if environ is None else environ).get(name, "")
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True, None
+    if value in FALSE:
+        return False, None
+    return False, (f"{name}={raw!r} is not understood; use 1, true, yes or on to switch it on, or 0, false, "
+                   "no, off or unset for off (treated as off)")
+
+
+def warn(message):
+    """One warning per message and process, on stderr, where a start-up failure has to be seen."""
+    if message in _warned:
+        return
+    _warned.add(message)
     import logging
 
-    logging.getLogger("fp4_dynamo_shim.hook").warning(
-        "fp4_dynamo_shim import hook: %s failed (%s: %s); continuing without the shim",
-        stage, type(error).__name__, error,
-    )
+    logger = logging.getLogger("fp4_dynamo_shim.hook")
+    if logger.hasHandlers():
+        logger.warning("fp4_dynamo_shim: %s", message)
+    else:
+        sys.stderr.write(f"fp4_dynamo_shim: {message}\n")
 
 
-def _flag(name):
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+def _warn_failure(stage, error):
+    warn(f"import hook: {stage} failed ({type(error).__name__}: {error}); continuing without the shim")
 
 
 def enabled_by_environment():
-    return _flag("FP4_DYNAMO_SHIM") and not _flag("FP4_DYNAMO_SHIM_DISABLE")
+    """Whether ``FP4_DYNAMO_SHIM`` asks for the hook (and ``FP4_DYNAMO_SHIM_DISABLE`` does not veto it)."""
+    enabled, problem = switch(HOOK_VARIABLE)
+    if problem:
+        warn(problem)
+    disabled, problem = switch(DISABLE_VARIABLE)
+    if problem:
+        warn(problem)
+    return enabled and not disabled
 
 
 def _on_flashinfer_imported(module):
+    global activating
+    activating = route
     try:
         import fp4_dynamo_shim  # noqa: F401  (importing applies the shim)
     except Exception as error:
         if type(error).__name__ == "ApplyError":  # FP4_DYNAMO_SHIM_STRICT=1 asked for this to be loud
             raise
-        _warn("applying the shim", error)
+        _warn_failure("applying the shim", error)
+    finally:
+        activating = None
 
 
 class _AwaitFlashinfer:
@@ -62,31 +105,60 @@ class _AwaitFlashinfer:
             # Find it again, now through wrapt's finder, so that this very import fires the hook.
             return importlib.util.find_spec(name)
         except Exception as error:
-            _warn("installing the post-import hook", error)
+            _warn_failure("installing the post-import hook", error)
             return None
 
 
-def install():
+def install(installed_by="sitecustomize"):
     """Apply fp4_dynamo_shim as soon as flashinfer is imported in this process. Never raises.
 
     Runs once per process: CPython 3.11's site.py processes a venv's .pth files twice.
     """
-    global _installed
+    global _installed, route
     if _installed:
         return
     _installed = True
     try:
-        if _flag("FP4_DYNAMO_SHIM_DISABLE"):
+        disabled, problem = switch(DISABLE_VARIABLE)
+        if problem:
+            warn(problem)
+        if disabled:
             return
+        route = installed_by
         if "flashinfer" in sys.modules:
             _on_flashinfer_imported(sys.modules["flashinfer"])
         else:
             sys.meta_path.insert(0, _AwaitFlashinfer())
     except Exception as error:
-        _warn("installing the import hook", error)
+        _warn_failure("installing the import hook", error)
 
 
 def install_if_enabled():
-    """What the .pth line runs: nothing at all unless FP4_DYNAMO_SHIM=1."""
+    """What the package's .pth line runs: nothing at all unless FP4_DYNAMO_SHIM=1."""
     if enabled_by_environment():
-        install()
+        install("pth")
+
+
+def probe_worker(queue, run_sglang_plugins=False):
+    """Body of verify's worker-activation check, run in a child started the way SGLang starts its schedulers
+    (multiprocessing spawn): import flashinfer as a scheduler does, optionally load SGLang's plugins as its
+    scheduler does, and report whether the shim became active and through which route. Lives here because
+    the child must not import the shim to find this function."""
+    report = {"hook_route": route, "shim_imported_at_start": "fp4_dynamo_shim" in sys.modules}
+    try:
+        import flashinfer
+
+        patched = getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False) is True
+        report["plugin_ran"] = False
+        if run_sglang_plugins and not patched:
+            from sglang.srt.plugins import load_plugins
+
+            load_plugins()
+            report["plugin_ran"] = True
+            patched = getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False) is True
+        report["active"] = patched
+        shim = sys.modules.get("fp4_dynamo_shim")
+        report["activated_by"] = shim.status()["activated_by"] if shim is not None else None
+    except Exception as error:  # the report carries the failure to the parent
+        report.update(active=False, error=f"{type(error).__name__}: {error}")
+    queue.put(report)

@@ -18,6 +18,9 @@ class Case:
     build: Callable[[str], tuple]  # device -> (args, kwargs)
     #: Words the error message must contain (case-insensitive), or None for a valid input.
     problem: Optional[str]
+    #: FlashInfer itself fails here only by accident (an AttributeError on a non-tensor); the shim raises
+    #: its InvalidArgumentError instead, naming the argument.
+    not_a_tensor: bool = False
 
 
 def _x(rows=8, columns=64, dtype=torch.bfloat16):
@@ -31,8 +34,14 @@ def _scale(device, value=1.0, dtype=torch.float32, shape=(1,)):
     return torch.full(shape, value, dtype=dtype, device=device)
 
 
-def case(name, problem, make_input, scale=lambda d: _scale(d), **kwargs):
-    return Case(name, lambda d: ((make_input(d), scale(d)), dict(kwargs)), problem)
+def case(name, problem, make_input, scale=lambda d: _scale(d), not_a_tensor=False, **kwargs):
+    return Case(name, lambda d: ((make_input(d), scale(d)), dict(kwargs)), problem, not_a_tensor)
+
+
+def _numpy(values):
+    import numpy
+
+    return numpy.array(values, dtype=numpy.float32)
 
 
 CASES = [
@@ -53,6 +62,15 @@ CASES = [
     case("global_scale_two_elements", "global_scale", _x(), scale=lambda d: _scale(d, shape=(2,))),
     case("global_scale_int32", "global_scale", _x(), scale=lambda d: _scale(d, dtype=torch.int32)),
     case("nvfp4_without_global_scale", "global_scale", _x(), scale=lambda d: None),
+    case("global_scale_python_float", "global_scale must be a torch.Tensor", _x(), scale=lambda d: 1.0,
+         not_a_tensor=True),
+    case("global_scale_python_int", "global_scale must be a torch.Tensor", _x(), scale=lambda d: 1, not_a_tensor=True),
+    case("global_scale_list", "global_scale must be a torch.Tensor", _x(), scale=lambda d: [1.0], not_a_tensor=True),
+    case("global_scale_numpy_array", "global_scale must be a torch.Tensor", _x(), scale=lambda d: _numpy([1.0]),
+         not_a_tensor=True),
+    case("input_list", "input must be a torch.Tensor", lambda d: [[1.0] * 64] * 8, not_a_tensor=True),
+    case("input_numpy_array", "input must be a torch.Tensor", lambda d: _numpy([[1.0] * 64] * 8),
+         not_a_tensor=True),
     # Odd but legal: eager and compiled must agree (and match FlashInfer where it computes).
     case("huge_k", None, _x(rows=2, columns=1 << 20)),
     case("zero_rows", None, lambda d: torch.empty(0, 64, dtype=torch.bfloat16, device=d)),

@@ -13,16 +13,18 @@ from fp4_dynamo_shim import patching, targets
 SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
 
 
-def run_python(code: str, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,
+def run_python(code: str | None, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,
                args: tuple = ()) -> subprocess.CompletedProcess:
-    """Run ``python -c code`` in a fresh interpreter with the source tree importable."""
+    """Run ``python *args -c code`` (or ``python *args`` when code is None) in a fresh interpreter with the
+    source tree importable."""
     environment = dict(os.environ)
     environment.pop("FP4_DYNAMO_SHIM", None)
     environment.update(env or {})
     path = [SRC] + ([extra_path] if extra_path else []) + [environment.get("PYTHONPATH", "")]
     environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return subprocess.run(
-        [sys.executable, *args, "-c", code], capture_output=True, text=True, timeout=timeout, env=environment
+        [sys.executable, *args, *(("-c", code) if code is not None else ())], capture_output=True, text=True,
+        timeout=timeout, env=environment
     )
 
 

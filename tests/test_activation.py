@@ -108,19 +108,20 @@ def test_a_hook_that_raises_when_flashinfer_is_imported_does_not_stop_the_progra
 def test_install_and_uninstall_hook_round_trip_keeps_an_existing_sitecustomize(tmp_path):
     existing = "import os\nos.environ.setdefault('SOMETHING', 'kept')\n"
     (tmp_path / "sitecustomize.py").write_text(existing)
-    path, changed = hook.install_hook(tmp_path)
-    assert changed and path == tmp_path / "sitecustomize.py"
+    installed = hook.install_hook(tmp_path)
+    path = tmp_path / "sitecustomize.py"
+    assert installed == hook.Installed(path, True, "sitecustomize")  # not a site directory: the block route
     text = path.read_text()
     assert text.startswith(existing) and hook.BEGIN in text and text.count(hook.BEGIN) == 1
-    assert hook.install_hook(tmp_path) == (path, False) and path.read_text() == text  # idempotent
-    assert hook.uninstall_hook(tmp_path) == (path, True)
+    assert hook.install_hook(tmp_path) == hook.Installed(path, False, "sitecustomize") and path.read_text() == text
+    assert hook.uninstall_hook(tmp_path) == [path]
     assert path.read_text() == existing
-    assert hook.uninstall_hook(tmp_path) == (path, False)
+    assert hook.uninstall_hook(tmp_path) == []
 
 
 def test_uninstall_removes_a_sitecustomize_that_only_held_the_hook(tmp_path):
     hook.install_hook(tmp_path)
-    assert hook.uninstall_hook(tmp_path)[1] and not (tmp_path / "sitecustomize.py").exists()
+    assert hook.uninstall_hook(tmp_path) and not (tmp_path / "sitecustomize.py").exists()
 
 
 def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
@@ -194,18 +195,27 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert document["exit_code"] == 0 and document["device"] == "cpu"
     assert {c["name"]: c["result"] for c in document["checks"]} == {
         "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
-        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass",
+        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass", "worker-activation": "pass",
     }
     assert document["status"]["applied"] and document["environment"]["flashinfer"]
     assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])
 
 
 def test_verify_exits_2_when_the_shim_cannot_apply(installed):
-    result = installed.run("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--json']))",
-                           env={"FP4_DYNAMO_SHIM_FALLBACK": "not-a-choice"})
+    code = textwrap.dedent("""
+        import sys, fp4_dynamo_shim
+        from fp4_dynamo_shim import preload, verify
+        fp4_dynamo_shim.revert()
+        def broken_build(*args):
+            raise RuntimeError("nvcc exploded")
+        preload.load = broken_build
+        fp4_dynamo_shim.apply()
+        sys.exit(verify.main(["--json"]))
+    """)
+    result = installed.run(code)
     assert result.returncode == 2
     document = json.loads(result.stdout)
-    assert document["exit_code"] == 2 and "not-a-choice" in document["status"]["problem"]
+    assert document["exit_code"] == 2 and "nvcc exploded" in document["status"]["problem"]
 
 
 def test_verify_exits_1_when_a_check_fails(installed):

@@ -201,7 +201,9 @@ def _site_without_flashinfer(tmp_path: Path) -> Path:
         if entry.name.lower().startswith(("flashinfer", "fp4_dynamo_shim", "fp4-dynamo-shim", "fp4_dynamo")):
             continue
         (site / entry.name).symlink_to(entry)
-    (site / "fp4_dynamo_shim").symlink_to(Path(fp4_dynamo_shim.__file__).resolve().parent)
+    source = Path(fp4_dynamo_shim.__file__).resolve().parent
+    (site / "fp4_dynamo_shim").symlink_to(source)
+    (site / "fp4_dynamo_shim_hook.py").symlink_to(source.parent / "fp4_dynamo_shim_hook.py")
     return site
 
 
@@ -218,3 +220,4 @@ def test_import_without_flashinfer_installed_succeeds_and_says_so(tmp_path):
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout.strip().splitlines()[-1])
     assert status == {**status, "applied": False, "flashinfer": None, "problem": "flashinfer-python is not installed"}
+    assert tuple(status) == patching.STATUS_KEYS

@@ -23,15 +23,26 @@ class Environment:
         self.site = Path(self.run("import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
 
     def run(self, code: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-        environment = {"PATH": "/usr/bin:/bin", "HOME": str(self.root), **(env or {})}
-        return subprocess.run([str(self.python), "-c", code], capture_output=True, text=True, timeout=timeout,
+        return self.command(["-c", code], env, timeout)
+
+    def command(self, arguments: list, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+        """``python *arguments`` in this environment, with a minimal environment of its own plus ``env``."""
+        environment = {"PATH": f"{self.python.parent}:/usr/bin:/bin", "HOME": str(self.root), **(env or {})}
+        return subprocess.run([str(self.python), *arguments], capture_output=True, text=True, timeout=timeout,
                               env=environment, cwd=self.root)
 
 
-def create(root: Path, with_project: bool = True) -> Environment:
-    """A venv at ``root/env``; with ``with_project`` this project's wheel is installed into it."""
-    venv.create(root / "env", with_pip=False)
-    if with_project:
+def create(root: Path, with_project: bool = True, python: str = sys.executable, editable: bool = False) -> Environment:
+    """A venv at ``root/env`` made by ``python``; with ``with_project`` this project is installed into it,
+    from its wheel or (``editable``) as ``pip install -e`` does it, build isolation and all."""
+    if python == sys.executable:
+        venv.create(root / "env", with_pip=False)
+    else:  # another interpreter (a Debian system Python): its own venv module
+        subprocess.run([python, "-m", "venv", "--without-pip", str(root / "env")], check=True, capture_output=True)
+    if with_project and editable:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(root / "env"),
+                        "-e", str(PROJECT)], check=True, capture_output=True)
+    elif with_project:
         wheel = os.environ.get("FP4_DYNAMO_SHIM_TEST_WHEEL")  # prebuilt, where this machine cannot build one
         if not wheel:
             wheels = root / "wheels"

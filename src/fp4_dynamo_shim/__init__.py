@@ -2,19 +2,19 @@
 
 ``import fp4_dynamo_shim`` applies the shim (unless ``FP4_DYNAMO_SHIM_DISABLE=1``):
 ``flashinfer.fp4_quantize`` and every module global bound to it become a function
-with the same signature that calls the ``fp4_dynamo_shim::fp4_quantize`` custom op.
+with the same signature that calls the ``fp4_dynamo_shim::fp4_quantize`` custom op,
+and ``FP4_DYNAMO_SHIM=1`` is exported so that child processes apply it too.
 ``apply``, ``revert`` and ``status`` are the whole public API.
 """
 
-import os
+import sys
 
-from . import config
+from . import patching
 from .patching import apply, revert, status
 
 __all__ = ["apply", "revert", "status"]
 __version__ = "0.1.0"
 
-if not config.disabled():
-    # Children of this process (SGLang spawns its workers) apply the shim through the import hook.
-    os.environ[config.HOOK] = "1"
-    apply()
+# The start-up hook sets ``activating`` while it imports the package, so the route is recorded.
+if patching.apply(route=getattr(sys.modules.get("fp4_dynamo_shim_hook"), "activating", None) or "import"):
+    patching.export_for_children()

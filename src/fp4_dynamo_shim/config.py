@@ -1,46 +1,57 @@
-"""Environment variables, read once per ``apply()`` so nothing on the hot path touches ``os.environ``."""
+"""The project's environment variables, read once per ``apply()`` so nothing on the hot path touches
+``os.environ``. On/off switches are parsed by the start-up hook module's :func:`switch`, so the hook and
+the package agree on every value."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
+from typing import Tuple
 
-#: Set to 1 to make ``import fp4_dynamo_shim`` (and the hooks) do nothing.
-DISABLE = "FP4_DYNAMO_SHIM_DISABLE"
-#: Set to 1 to turn "unsupported FlashInfer" and apply failures into exceptions.
+import fp4_dynamo_shim_hook as _startup
+
+#: Set to 1 to have the import hook apply the shim in every process that imports flashinfer.
+HOOK = _startup.HOOK_VARIABLE
+#: Set to 1 to switch the shim off on every route (import, hook, sitecustomize, plugin).
+DISABLE = _startup.DISABLE_VARIABLE
+#: Set to 1 to turn every refusal (unsupported FlashInfer, failed apply, unknown values) into an exception.
 STRICT = "FP4_DYNAMO_SHIM_STRICT"
 #: ``torch`` (default), ``nvcc`` or an explicit ``X.Y``: the CUDA version FlashInfer's JIT sees.
 CUDA_VERSION = "FP4_DYNAMO_SHIM_CUDA_VERSION"
 #: What to do on a GPU without the FP4 kernel (SM < 100): ``error`` (default), ``reference``, or
 #: ``launch`` (launch FlashInfer's empty kernel anyway; outputs are uninitialized: benchmarks only).
 FALLBACK = "FP4_DYNAMO_SHIM_FALLBACK"
-#: Set to 1 to have the import hook apply the shim in every process that imports flashinfer.
-HOOK = "FP4_DYNAMO_SHIM"
 
 FALLBACK_CHOICES = ("error", "reference", "launch")
 
-
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def disabled() -> bool:
-    return _flag(DISABLE)
+switch = _startup.switch
 
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
     strict: bool
+    disabled: bool
     cuda_version: str
     fallback: str
+    #: One message per variable whose value was not understood (its default was used instead).
+    problems: Tuple[str, ...] = ()
 
     @classmethod
     def from_environment(cls) -> "Settings":
-        fallback = os.environ.get(FALLBACK, "error").strip().lower() or "error"
+        problems = []
+        strict, problem = switch(STRICT)
+        problems += [problem] if problem else []
+        disabled, problem = switch(DISABLE)
+        problems += [problem] if problem else []
+        fallback = os.environ.get(FALLBACK, "").strip().lower() or "error"
         if fallback not in FALLBACK_CHOICES:
-            raise ValueError(f"{FALLBACK}={fallback!r}: expected one of {', '.join(FALLBACK_CHOICES)}")
-        return cls(
-            strict=_flag(STRICT),
-            cuda_version=os.environ.get(CUDA_VERSION, "torch").strip() or "torch",
-            fallback=fallback,
-        )
+            problems.append(f"{FALLBACK}={os.environ[FALLBACK]!r} is not understood; use one of "
+                            f"{', '.join(FALLBACK_CHOICES)} (treated as error)")
+            fallback = "error"
+        cuda_version = os.environ.get(CUDA_VERSION, "").strip() or "torch"
+        if cuda_version not in ("torch", "nvcc") and not re.fullmatch(r"\d+\.\d+(\.\d+)?", cuda_version):
+            problems.append(f"{CUDA_VERSION}={os.environ[CUDA_VERSION]!r} is not understood; use torch, nvcc or a "
+                            "version like 12.8 (treated as torch)")
+            cuda_version = "torch"
+        return cls(strict, disabled, cuda_version, fallback, tuple(problems))

@@ -31,6 +31,11 @@ class CudaVersion:
     nvcc_path: Optional[str]
 
 
+def describe(resolved: CudaVersion) -> dict:
+    return {"value": str(resolved.version) if resolved.version else None, "source": resolved.source,
+            "nvcc": str(resolved.nvcc) if resolved.nvcc else None, "nvcc_path": resolved.nvcc_path}
+
+
 def find_nvcc() -> Optional[str]:
     """nvcc where FlashInfer's get_cuda_path looks: $CUDA_HOME (or $CUDA_PATH) alone when set, else PATH,
     else /usr/local/cuda."""

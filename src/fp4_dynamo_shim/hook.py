@@ -1,21 +1,37 @@
-"""The sitecustomize route to the import hook, for environments that do not process ``.pth`` files.
+"""The start-up routes to the import hook: where they are installed, and ``install-hook`` / ``uninstall-hook``.
 
-``fp4-dynamo-shim install-hook`` adds a marked block to ``sitecustomize.py`` in a
-site directory; ``uninstall-hook`` removes exactly that block. An existing
-sitecustomize is kept as it is around the block, writing twice changes nothing,
-and the file is replaced atomically. All logic stays in ``fp4_dynamo_shim_hook``;
-the block only calls it, the way OpenTelemetry's sitecustomize does.
+Three files can start the hook (``fp4_dynamo_shim_hook``) when an interpreter starts:
+
+* ``fp4_dynamo_shim.pth``, shipped with the package (wheel and editable installs): only with
+  ``FP4_DYNAMO_SHIM=1``;
+* ``fp4_dynamo_shim_hook.pth``, written by ``install-hook`` into a site directory: always. A ``.pth`` runs
+  wherever site directories are processed, whatever ``sitecustomize`` the interpreter has (Debian and
+  Ubuntu ship one in ``/usr/lib/python3.X`` that shadows a venv's);
+* a marked block in ``sitecustomize.py``, written by ``install-hook`` into a directory that is not a site
+  directory (``pip install --target`` onto ``PYTHONPATH``), where ``.pth`` files are never read.
+
+``install-hook`` proves the route it wrote by starting an interpreter and looking for the hook there; when
+the hook does not run, it takes the file back out and says which file is in the way. All logic stays in
+``fp4_dynamo_shim_hook``; the files only call it, the way OpenTelemetry's sitecustomize does.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
+import json
 import os
 import site
+import subprocess
+import sys
 import sysconfig
 import tempfile
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional
 
+PACKAGE_PTH = "fp4_dynamo_shim.pth"
+HOOK_PTH = "fp4_dynamo_shim_hook.pth"
+HOOK_PTH_TEXT = "import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install('install-hook')\n"
 BEGIN = "# >>> fp4-dynamo-shim import hook >>>"
 END = "# <<< fp4-dynamo-shim import hook <<<"
 BLOCK = f"""{BEGIN}
@@ -33,10 +49,68 @@ except Exception as _fp4_dynamo_shim_error:
 ONE_LINER = "import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install()"
 
 
+class HookNotRunning(RuntimeError):
+    """The route was written but a new interpreter does not run it; the message names the file in the way."""
+
+
+def site_dirs() -> List[Path]:
+    """Directories whose ``.pth`` files this interpreter processes at start-up."""
+    candidates = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        candidates.append(site.getusersitepackages())
+    seen = []
+    for candidate in candidates:
+        path = Path(candidate)
+        if path.is_dir() and path.resolve() not in [p.resolve() for p in seen]:
+            seen.append(path)
+    return seen
+
+
 def default_site_dir() -> Path:
     """The site-packages directory of the running interpreter (the venv's, inside a venv)."""
-    candidates = [p for p in site.getsitepackages() if os.path.isdir(p)] if hasattr(site, "getsitepackages") else []
-    return Path(candidates[0] if candidates else sysconfig.get_paths()["purelib"])
+    directories = site_dirs()
+    return directories[0] if directories else Path(sysconfig.get_paths()["purelib"])
+
+
+def _find_in_site_dirs(name: str) -> Optional[str]:
+    for directory in site_dirs():
+        if (directory / name).is_file():
+            return str(directory / name)
+    return None
+
+
+def _sitecustomize_origin() -> Optional[str]:
+    """The file ``import sitecustomize`` loads in this interpreter (the first on sys.path)."""
+    loaded = sys.modules.get("sitecustomize")
+    origin = getattr(loaded, "__file__", None)
+    if origin is None:
+        try:
+            spec = importlib.util.find_spec("sitecustomize")
+        except (ImportError, ValueError):
+            spec = None
+        origin = spec.origin if spec is not None else None
+    return origin
+
+
+def _holds_block(path) -> bool:
+    try:
+        return BEGIN in Path(path).read_text()
+    except OSError:
+        return False
+
+
+def installed_routes() -> dict:
+    """Which start-up routes exist for this interpreter, by file (None where absent)."""
+    sitecustomize = _sitecustomize_origin()
+    blocks = [str(d / "sitecustomize.py") for d in site_dirs() if _holds_block(d / "sitecustomize.py")]
+    return {
+        "pth": _find_in_site_dirs(PACKAGE_PTH),
+        "hook_pth": _find_in_site_dirs(HOOK_PTH),
+        "sitecustomize": sitecustomize if sitecustomize and _holds_block(sitecustomize) else None,
+        # A block this interpreter never runs, because another sitecustomize comes first on sys.path.
+        "sitecustomize_shadowed_by": sitecustomize if blocks and not (sitecustomize and _holds_block(sitecustomize))
+        else None,
+    }
 
 
 def _without_block(text: str) -> str:
@@ -53,7 +127,7 @@ def _without_block(text: str) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=".sitecustomize.", suffix=".tmp")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
@@ -65,35 +139,100 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _sitecustomize(site_dir: Optional[Path]) -> Path:
+@dataclasses.dataclass(frozen=True)
+class Installed:
+    path: Path
+    changed: bool
+    route: str  # "pth" or "sitecustomize"
+
+
+def _is_site_dir(directory: Path) -> bool:
+    return directory.resolve() in [d.resolve() for d in site_dirs()]
+
+
+_PROBE = ("import importlib.util, json, sys; hook = sys.modules.get('fp4_dynamo_shim_hook'); "
+          "spec = importlib.util.find_spec('sitecustomize'); "
+          "print(json.dumps([getattr(hook, 'route', None), spec.origin if spec else None]))")
+
+
+def _probe(directory: Path, route: str) -> tuple:
+    """(the hook's route, the sitecustomize file) in a fresh interpreter with this environment; a
+    sitecustomize directory that is not a site directory is put on PYTHONPATH, as it will be where that
+    route is used (``pip install --target``)."""
+    environment = dict(os.environ)
+    environment.pop("FP4_DYNAMO_SHIM", None)  # the package's own .pth must not pass for the new route
+    if route == "sitecustomize" and not _is_site_dir(directory):
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(directory), environment.get("PYTHONPATH")) if p)
+    completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=environment,
+                               timeout=120)
+    if completed.returncode != 0:
+        return None, None
+    return tuple(json.loads(completed.stdout.strip().splitlines()[-1]))
+
+
+def install_hook(site_dir: Optional[Path] = None, sitecustomize: bool = False, check: bool = True) -> Installed:
+    """Install the always-on hook: ``fp4_dynamo_shim_hook.pth`` in a site directory, or the sitecustomize
+    block elsewhere (or when ``sitecustomize`` is asked for). With ``check``, a fresh interpreter must run it,
+    else the file is taken back out and :class:`HookNotRunning` names what is in the way."""
     directory = Path(site_dir or default_site_dir())
     if not directory.is_dir():
-        raise FileNotFoundError(f"site directory {directory} does not exist")
-    return directory / "sitecustomize.py"
-
-
-def install_hook(site_dir: Optional[Path] = None) -> Tuple[Path, bool]:
-    """Add the block to ``<site_dir>/sitecustomize.py``; returns (path, whether the file changed)."""
-    path = _sitecustomize(site_dir)
-    existing = path.read_text() if path.exists() else ""
-    if BEGIN in existing:
-        return path, False
-    separator = "" if not existing or existing.endswith("\n") else "\n"
-    _write_atomically(path, existing + separator + ("\n" if existing else "") + BLOCK)
-    return path, True
-
-
-def uninstall_hook(site_dir: Optional[Path] = None) -> Tuple[Path, bool]:
-    """Remove the block; deletes the file only if nothing else was in it. Returns (path, changed)."""
-    path = _sitecustomize(site_dir)
-    if not path.exists():
-        return path, False
-    existing = path.read_text()
-    remaining = _without_block(existing)
-    if remaining == existing:
-        return path, False
-    if remaining.strip():
-        _write_atomically(path, remaining.rstrip("\n") + "\n")
+        raise FileNotFoundError(f"{directory} is not a directory")
+    route = "sitecustomize" if sitecustomize or not _is_site_dir(directory) else "pth"
+    if route == "pth":
+        path, existing = directory / HOOK_PTH, None
+        changed = not path.exists() or path.read_text() != HOOK_PTH_TEXT
+        if changed:
+            _write_atomically(path, HOOK_PTH_TEXT)
     else:
+        path = directory / "sitecustomize.py"
+        existing = path.read_text() if path.exists() else ""
+        changed = BEGIN not in existing
+        if changed:
+            separator = "" if not existing or existing.endswith("\n") else "\n"
+            _write_atomically(path, existing + separator + ("\n" if existing else "") + BLOCK)
+    if check:
+        hook_route, origin = _probe(directory, route)
+        if hook_route is None:
+            if changed:
+                _undo(path, route, existing)
+            raise HookNotRunning(_why_not_running(path, route, origin))
+    return Installed(path, changed, route)
+
+
+def _undo(path: Path, route: str, existing: Optional[str]) -> None:
+    if route == "pth" or not existing:
         path.unlink()
-    return path, True
+    else:
+        _write_atomically(path, existing)
+
+
+def _why_not_running(path: Path, route: str, origin: Optional[str]) -> str:
+    if route == "sitecustomize" and origin and Path(origin).resolve() != path.resolve():
+        return (f"wrote the hook to {path}, but this interpreter imports {origin} as sitecustomize (it comes "
+                f"first on sys.path), so the hook would never run; took it back out. Install the .pth route "
+                f"instead: `fp4-dynamo-shim install-hook` (into this interpreter's site-packages), or "
+                f"`--site-dir` a site directory.")
+    return (f"wrote the hook to {path}, but a new interpreter does not run it (site directories processed: "
+            f"{', '.join(map(str, site_dirs())) or 'none'}; sitecustomize: {origin}); took it back out.")
+
+
+def uninstall_hook(site_dir: Optional[Path] = None) -> List[Path]:
+    """Remove what ``install-hook`` wrote in ``site_dir`` (its .pth, its sitecustomize block; the file
+    itself only if nothing else was in it). Returns the files changed."""
+    directory = Path(site_dir or default_site_dir())
+    changed = []
+    pth = directory / HOOK_PTH
+    if pth.exists():
+        pth.unlink()
+        changed.append(pth)
+    path = directory / "sitecustomize.py"
+    if path.exists():
+        existing = path.read_text()
+        remaining = _without_block(existing)
+        if remaining != existing:
+            if remaining.strip():
+                _write_atomically(path, remaining.rstrip("\n") + "\n")
+            else:
+                path.unlink()
+            changed.append(path)
+    return changed

@@ -50,6 +50,17 @@ def active_target() -> Target:
     return _target
 
 
+def not_a_tensor(name: str, value) -> InvalidArgumentError:
+    """The error for a non-tensor argument (FlashInfer's own function fails on it with an AttributeError).
+    It names the type only: under torch.compile a numpy array is already a tensor, and has no repr."""
+    kind = type(value).__name__ if type(value).__module__ == "builtins" else f"{type(value).__module__}.{type(value).__name__}"
+    return InvalidArgumentError(
+        f"fp4_quantize: {name} must be a torch.Tensor"
+        + (" (float32, one element, on the input's device)" if name == "global_scale" else "")
+        + f", got {kind}"
+    )
+
+
 def _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target) -> None:
     """Raise for the first thing the kernel would reject or silently misread; return if all is well.
 
@@ -124,6 +135,8 @@ def quantize(
         raise InvalidArgumentError(
             f"fp4_quantize: input must have at least 2 dimensions, got shape {tuple(input.shape)}"
         ) from None
+    except (AttributeError, TypeError):
+        raise not_a_tensor("input", input) from None
     if is_column_major:
         input = input.transpose(-2, -1)
     shape = input.shape
@@ -133,10 +146,14 @@ def quantize(
             or nvfp4_4over6_code):
         _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target)
     rows = input.numel() // columns
-    if global_scale is not None and (
-        global_scale.dtype is not _FLOAT32 or global_scale.get_device() != input.get_device()
-        or global_scale.numel() != 1
-    ):
+    try:
+        unusual_scale = global_scale is not None and (
+            global_scale.dtype is not _FLOAT32 or global_scale.get_device() != input.get_device()
+            or global_scale.numel() != 1
+        )
+    except AttributeError:
+        raise not_a_tensor("global_scale", global_scale) from None
+    if unusual_scale:
         global_scale = _checked_global_scale(global_scale, input, rows, target)
 
     # Outputs are allocated in the shape they are returned in: the kernel reads only their data

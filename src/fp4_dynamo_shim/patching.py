@@ -1,9 +1,10 @@
 """apply / revert / status: the shim's lifecycle, as one transaction.
 
-``apply()`` either does everything (CUDA version, preloaded modules, rebound
-``fp4_quantize``) or leaves FlashInfer exactly as it was and says why.
-``revert()`` puts every rebound name back to the identical original object.
-Both are idempotent and serialised by one lock.
+``apply()`` is the one gate every route goes through (the import, the hook, sitecustomize, the SGLang
+plugin): it alone reads the kill switch, strict mode and the other settings. It either does everything
+(CUDA version, preloaded modules, rebound ``fp4_quantize`` and family, FlashInfer's own op repaired) or
+leaves FlashInfer exactly as it was and says why. ``revert()`` undoes all of it. Both are idempotent and
+serialised by one lock.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import dataclasses
 import importlib
 import importlib.metadata
 import logging
+import os
 import threading
 from typing import Callable, List, Optional
 
 import torch
 
-from . import cuda_version, family, family_ops, ops, preload, rebind, sglang_releases, targets, wrapper
+from . import config, cuda_version, family, family_ops, hook, ops, preload, rebind, sglang_releases, targets, wrapper
 from .config import Settings
 from .errors import ApplyError
 
@@ -39,12 +41,18 @@ class _Applied:
     settings: Settings
     #: FP4 family function -> what the shim did with it in this release.
     family: dict
+    #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
+    route: str
+    #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by revert().
+    restorers: List[Callable] = dataclasses.field(default_factory=list)
 
 
 _lock = threading.RLock()
 _applied: Optional[_Applied] = None
 _last_problem: Optional[str] = "apply() has not run"
 _warned: set = set()
+#: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it).
+_exported = False
 
 
 def _warn_once(message: str) -> None:
@@ -60,26 +68,37 @@ def flashinfer_version() -> Optional[str]:
         return None
 
 
-def _refuse(message: str, settings: Optional[Settings], *, warn: bool = True, cause: BaseException = None) -> bool:
+def _refuse(message: str, settings: Settings, *, warn: bool = True, strict: bool = True,
+            cause: BaseException = None) -> bool:
     """Record why the shim is not applied, warn once, and raise in strict mode."""
     global _last_problem
     _last_problem = message
-    if settings is not None and settings.strict:
+    if strict and settings.strict:
         raise ApplyError(message) from cause
     if warn:
         _warn_once(f"fp4_dynamo_shim not applied: {message}")
     return False
 
 
-def apply() -> bool:
-    """Patch FlashInfer; True when the shim is active afterwards. Safe to call any number of times."""
+def apply(route: str = "apply()") -> bool:
+    """Patch FlashInfer; True when the shim is active afterwards. Safe to call any number of times.
+
+    Returns False, with ``status()["problem"]`` saying why and one warning, when the shim cannot apply
+    (``FP4_DYNAMO_SHIM_DISABLE=1`` is not a warning: it was asked for). With ``FP4_DYNAMO_SHIM_STRICT=1``
+    every refusal and every variable value it does not understand raises :class:`ApplyError` instead.
+    ``route`` is recorded in ``status()["activated_by"]``.
+    """
     with _lock:
         if _applied is not None:
             return True
-        try:
-            settings = Settings.from_environment()
-        except ValueError as error:
-            return _refuse(str(error), None)
+        settings = Settings.from_environment()
+        for problem in settings.problems:
+            if settings.strict:
+                _refuse(problem, settings)
+            _warn_once(problem)
+        if settings.disabled:
+            return _refuse(f"{config.DISABLE}=1 is set: the shim is switched off on every route", settings,
+                           warn=False, strict=False)
         version = flashinfer_version()
         if version is None:
             return _refuse("flashinfer-python is not installed", settings, warn=False)
@@ -90,13 +109,13 @@ def apply() -> bool:
                 "FlashInfer was left untouched", settings,
             )
         try:
-            _apply(version, target, settings)
+            _apply(version, target, settings, route)
         except Exception as error:  # anything at all: FlashInfer has already been restored
             return _refuse(f"{type(error).__name__}: {error}; FlashInfer was left untouched", settings, cause=error)
         return True
 
 
-def _apply(version: str, target: targets.Target, settings: Settings) -> None:
+def _apply(version: str, target: targets.Target, settings: Settings, route: str) -> None:
     global _applied, _last_problem
     try:
         module = importlib.import_module(target.module)
@@ -112,7 +131,7 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
     replacement = wrapper.build(original, module, recipe)
     family_replaced, family_report = family.build_replacements(version, module, replacement, recipe)
 
-    swaps, bindings = [], []
+    swaps, bindings, restorers = [], [], []
 
     def swap(old, new) -> None:
         swaps.append((old, new))
@@ -133,33 +152,62 @@ def _apply(version: str, target: targets.Target, settings: Settings) -> None:
         for family_original, family_replacement in family_replaced.values():
             swap(family_original, family_replacement)
     except BaseException:
-        _undo(swaps)
+        _undo(swaps, restorers)
         raise
-    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report)
+    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report, route,
+                        restorers)
     _last_problem = None
     logger.info(
-        "fp4_dynamo_shim applied to flashinfer %s: %d names rebound, CUDA %s (%s), %d GPU(s)",
-        version, len(bindings), resolved.version, resolved.source, len(devices),
+        "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
+        version, route, len(bindings), resolved.version, resolved.source, len(devices),
     )
 
 
-def _undo(swaps) -> None:
+def _undo(swaps, restorers) -> None:
+    for restore in reversed(restorers):
+        restore()
     for old, new in reversed(swaps):
         rebind.swap(new, old)
 
 
+def export_for_children() -> None:
+    """Set FP4_DYNAMO_SHIM=1 for child processes (what ``import fp4_dynamo_shim`` promises), unless the user
+    set the variable, and warn once if no start-up route would act on it in a child."""
+    global _exported
+    if not os.environ.get(config.HOOK, "").strip():
+        os.environ[config.HOOK] = "1"
+        _exported = True
+    routes = hook.installed_routes()
+    if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
+        plugin = sglang_releases.plugin_entry_point()
+        _warn_once(
+            f"import fp4_dynamo_shim exports {config.HOOK}=1 for child processes, but no import hook is installed "
+            f"where they start (no {hook.PACKAGE_PTH} or {hook.HOOK_PTH} in {', '.join(map(str, hook.site_dirs())) or 'any site directory'}"
+            + (f"; {routes['sitecustomize_shadowed_by']} shadows the sitecustomize block" if routes["sitecustomize_shadowed_by"] else "")
+            + "), so spawned workers such as SGLang's schedulers will not apply the shim"
+            + (" (the SGLang plugin still does, on SGLang >= 0.5.11)" if plugin else "")
+            + ". Install the package with pip (a wheel or -e), or run `fp4-dynamo-shim install-hook`; "
+            "`python -m fp4_dynamo_shim.verify` checks a spawned worker."
+        )
+
+
 def revert() -> bool:
-    """Put every rebound name back to FlashInfer's original object. True if something was reverted.
+    """Put every rebound name back to FlashInfer's original object and restore FlashInfer's own op
+    registrations; withdraw the FP4_DYNAMO_SHIM=1 that ``import fp4_dynamo_shim`` set for children.
+    Returns True if the shim was applied (and is now reverted), False if there was nothing to revert.
 
     The custom op stays registered and configured: graphs already compiled or captured with it keep
     working. Functions compiled through a rebound global recompile on their next call (Dynamo guards
     on that global) and then trace FlashInfer's original again.
     """
-    global _applied, _last_problem
+    global _applied, _last_problem, _exported
     with _lock:
+        if _exported and os.environ.get(config.HOOK) == "1":
+            del os.environ[config.HOOK]
+        _exported = False
         if _applied is None:
             return False
-        _undo(_applied.swaps)
+        _undo(_applied.swaps, _applied.restorers)
         _applied = None
         _last_problem = "revert() was called"
         return True
@@ -192,45 +240,48 @@ def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
         return None
 
 
+#: The keys of ``status()``, always all present (None where not applicable).
+STATUS_KEYS = (
+    "applied", "problem", "disabled", "activated_by", "flashinfer", "supported_flashinfer", "torch", "torch_cuda",
+    "sglang", "fallback", "strict", "warnings", "routes", "children", "target", "op", "family", "rebound",
+    "cuda_version", "devices", "skipped",
+)
+
+
 def status() -> dict:
-    """What is patched and where, versions, GPUs, and why anything was skipped. JSON-serialisable."""
+    """What is patched and where, versions, GPUs, routes, and why anything was skipped. JSON-serialisable,
+    with the keys of ``STATUS_KEYS`` always present (None where not applicable)."""
     with _lock:
         applied = _applied
+        settings = applied.settings if applied is not None else Settings.from_environment()
         report = {
             "applied": applied is not None,
             "problem": _last_problem,
+            "disabled": settings.disabled,
+            "activated_by": applied.route if applied is not None else None,
             "flashinfer": flashinfer_version(),
             "supported_flashinfer": targets.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
             "sglang": sglang_releases.describe(),
+            "fallback": settings.fallback,
+            "strict": settings.strict,
+            "warnings": list(settings.problems),
+            "routes": {**hook.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
+            "children": {config.HOOK: os.environ.get(config.HOOK), "exported_by_import": _exported},
+            "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
+            "skipped": None,
         }
         if applied is None:
             return report
-        target = applied.target
         report.update(
-            target={
-                "versions": str(target.versions),
-                "module": target.module,
-                "kernel_args": list(target.kernel_args),
-                "swizzled_sf_padded_columns": target.swizzled_sf_padded_columns,
-                "linear_sf_row_alignment": target.linear_sf_row_alignment,
-                "converts_global_scale": target.converts_global_scale,
-                "row_wise_global_scale": target.row_wise_global_scale,
-            },
+            target=targets.describe(applied.target),
             op=f"{ops.NAMESPACE}::{ops.OP_NAME}",
             family=dict(applied.family),
             rebound=[str(binding) for binding in applied.bindings],
-            cuda_version={
-                "value": str(applied.cuda.version) if applied.cuda.version else None,
-                "source": applied.cuda.source,
-                "nvcc": str(applied.cuda.nvcc) if applied.cuda.nvcc else None,
-                "nvcc_path": applied.cuda.nvcc_path,
-            },
+            cuda_version=cuda_version.describe(applied.cuda),
             devices=[dataclasses.asdict(device) for device in applied.devices],
             skipped=_skipped(applied),
-            fallback=applied.settings.fallback,
-            strict=applied.settings.strict,
         )
         return report
 

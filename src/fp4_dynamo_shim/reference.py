@@ -60,8 +60,12 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
-    magnitude = table[(codes & 0x7).long()]
+    """Values of e2m1 codes. Computed from the bits (exponent e = bits 1-2, mantissa m = bit 0: m/2 when
+    e = 0, else 2^(e-1) * (1 + m/2)), not looked up in a table: a table would be a host-to-device copy,
+    which CUDA-graph capture forbids."""
+    exponent = ((codes >> 1) & 0x3).to(torch.float32)
+    half_mantissa = (codes & 0x1).to(torch.float32) * 0.5
+    magnitude = torch.where(exponent == 0, half_mantissa, torch.ldexp(1.0 + half_mantissa, exponent - 1))
     return torch.where((codes & 0x8) != 0, -magnitude, magnitude)
 
 

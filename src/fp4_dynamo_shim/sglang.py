@@ -9,12 +9,27 @@ What differs between SGLang releases is in ``sglang_releases``.
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger(__name__)
+
+
 def plugin() -> None:
-    """SGLang general plugin (entry point group ``sglang.srt.plugins``), run in every scheduler process."""
+    """SGLang general plugin (entry point group ``sglang.srt.plugins``), run in every scheduler process.
+
+    Says in the scheduler's log whether the shim is active there (SGLang has set up its logging by then).
+    """
     from . import patching
 
-    if patching.apply():
-        patching.rebind_modules()
+    if patching.apply(route="plugin"):
+        rebound = patching.rebind_modules()
+        state = patching.status()
+        logger.info("fp4_dynamo_shim is active in this SGLang process (activated by %s; flashinfer %s; %d more "
+                    "bindings rebound now)", state["activated_by"], state["flashinfer"], len(rebound))
+    else:
+        state = patching.status()
+        (logger.info if state["disabled"] else logger.warning)(
+            "fp4_dynamo_shim is NOT active in this SGLang process: %s", state["problem"])
 
 
 def _one_rank_process_group() -> None:

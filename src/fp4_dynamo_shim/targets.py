@@ -58,6 +58,13 @@ TARGETS = (
 SUPPORTED_RANGE = "flashinfer-python >=0.5.3, <=0.7.4"
 
 
+def describe(target: Target) -> dict:
+    """The row as JSON-serialisable data, for status()."""
+    row = dataclasses.asdict(target)
+    row["versions"], row["kernel_args"] = str(target.versions), list(target.kernel_args)
+    return row
+
+
 def target_for(version: str) -> Optional[Target]:
     """The row for an installed FlashInfer version string, or None when it is not supported."""
     parsed = Version(version)

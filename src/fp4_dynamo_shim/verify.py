@@ -1,8 +1,8 @@
-"""``python -m fp4_dynamo_shim.verify``: does the shim work on this machine?
+"""python -m fp4_dynamo_shim.verify: does the shim work on this machine, and in its SGLang workers?
 
-Prints the environment, what was patched, then one line per check. Exit code 0
-when every check passed or was skipped, 1 when one failed, 2 when the shim
-could not apply. ``--json`` prints one JSON document instead.
+Prints the environment, what was patched, then one line per check. Exit code 0 when every check passed
+or was skipped, 1 when one failed, 2 when the shim could not apply (or is switched off), 3 for a usage
+error. --json prints one JSON document instead.
 """
 
 from __future__ import annotations
@@ -23,7 +23,15 @@ import torch._dynamo.testing
 import fp4_dynamo_shim
 from fp4_dynamo_shim import ops, sglang, sglang_releases
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED = 0, 1, 2
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's exit code for usage errors (3; argparse's own 2 means "not applied" here)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
 class Skip(Exception):
@@ -259,6 +267,60 @@ def check_family(device: str) -> str:
     return f"{len(replaced)} functions called once on {device}: {summary}"
 
 
+@contextlib.contextmanager
+def _main_module_hidden():
+    """multiprocessing's spawn re-imports the parent's main module in the child (here verify itself, which
+    imports the shim). SGLang's launcher does not import the shim, so the probe child must not either."""
+    import types
+
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def check_worker_activation(device: str) -> str:
+    """A child started the way SGLang starts its schedulers (multiprocessing spawn, this process's environment,
+    no import of the shim in the child) must end up with the shim active, through the import hook,
+    sitecustomize, or (SGLang >= 0.5.11) the plugin, whenever activation was asked for."""
+    import multiprocessing
+
+    import fp4_dynamo_shim_hook
+
+    state = fp4_dynamo_shim.status()
+    if state["disabled"]:
+        raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
+    release = sglang_releases.release_for(sglang_releases.installed_version())
+    run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
+    with _main_module_hidden():
+        process.start()
+    try:
+        report = queue.get(timeout=600)
+    finally:
+        process.join(timeout=60)
+    routes = {name: path for name, path in state["routes"].items() if path}
+    if report.get("active"):
+        via = report["activated_by"] + (f" ({report['hook_route']} hook)" if report.get("hook_route") else "")
+        return f"a spawned worker applied the shim by itself: {via}"
+    asked = [reason for reason, present in (
+        (f"{fp4_dynamo_shim_hook.HOOK_VARIABLE}={state['children'][fp4_dynamo_shim_hook.HOOK_VARIABLE]}",
+         fp4_dynamo_shim_hook.switch(fp4_dynamo_shim_hook.HOOK_VARIABLE)[0]),
+        ("an installed always-on hook", routes.get("hook_pth") or routes.get("sitecustomize")),
+    ) if present]
+    detail = (f"a spawned worker did NOT apply the shim (hook route in the child: {report.get('hook_route')}; "
+              f"routes installed here: {', '.join(f'{k}={v}' for k, v in routes.items()) or 'none'}"
+              + (f"; {report['error']}" if report.get("error") else "") + ")")
+    if not asked:
+        raise Skip(detail + "; activation was not asked for (FP4_DYNAMO_SHIM is off and no hook is installed)")
+    raise AssertionError(f"{' and '.join(asked)}, but {detail}. Install the package with pip (wheel or -e) or "
+                         "run `fp4-dynamo-shim install-hook`; see docs/usage.md, \"Is it active in my SGLang workers?\"")
+
+
 def check_baseline(device: str) -> str:
     """Show FlashInfer's own function failing under fullgraph (what the shim fixes)."""
     if device != "cuda":
@@ -285,6 +347,7 @@ CHECKS: List[tuple] = [
     ("cuda-graph", check_cuda_graph),
     ("sglang-compile", check_sglang_compile_path),
     ("family", check_family),
+    ("worker-activation", check_worker_activation),
 ]
 
 
@@ -330,7 +393,24 @@ def environment() -> dict:
     }
 
 
-def _print_text(env: dict, status: dict, results: List[Result], exit_code: int) -> None:
+def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
+    """Rebound names grouped by module; without ``verbose``, by top-level package and public names only."""
+    by_module: dict = {}
+    for binding in rebound:
+        module, _, name = binding.rpartition(".")
+        by_module.setdefault(module, []).append(name)
+    if verbose:
+        return [f"    {module}: {', '.join(sorted(names))}" for module, names in sorted(by_module.items())]
+    by_package: dict = {}
+    for module, names in by_module.items():
+        modules, public = by_package.setdefault(module.split(".")[0], (set(), set()))
+        modules.add(module)
+        public.update(name for name in names if not name.startswith("_"))
+    return [f"    {package}: {len(modules)} module(s): {', '.join(sorted(public)) or '(private names only)'}"
+            for package, (modules, public) in sorted(by_package.items())]
+
+
+def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, verbose: bool = False) -> None:
     print(f"fp4-dynamo-shim {env['fp4_dynamo_shim']} verify")
     print("environment")
     print(f"  python       {env['python']}")
@@ -353,13 +433,20 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int) 
         for device in status["devices"]:
             load = f", loaded in {device['load_seconds']:.1f} s" if device["load_seconds"] is not None else ""
             print(f"  cuda:{device['index']} SM{device['backend']}: {device['mode']}{load}")
-        print("  rebound: " + ", ".join(status["rebound"]))
-        for name, state in status.get("family", {}).items():
+        print(f"  activated by {status['activated_by']}; {len(status['rebound'])} names rebound"
+              + ("" if verbose else " (--verbose lists each module)"))
+        for line in _rebound_lines(status["rebound"], verbose):
+            print(line)
+        for name, state in status["family"].items():
             print(f"  family: {name}: {state}")
         for skipped in status["skipped"]:
             print(f"  skipped: {skipped}")
     else:
         print(f"shim NOT applied: {status['problem']}")
+    routes = {name: path for name, path in status["routes"].items() if path}
+    print("routes installed: " + (", ".join(f"{name} ({path})" for name, path in routes.items()) or "none"))
+    for warning in status["warnings"]:
+        print(f"  warning: {warning}")
     if results:
         print("checks")
         for result in results:
@@ -369,10 +456,13 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int) 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="fp4-dynamo-shim verify", description=__doc__.splitlines()[0])
+    parser = Parser(prog="fp4-dynamo-shim verify", description=__doc__.split("\n\n")[0],
+                    epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
     parser.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
+    parser.add_argument("--verbose", action="store_true", help="list every rebound name by module")
+    parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}")
     options = parser.parse_args(argv)
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -404,7 +494,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         }
         print(json.dumps(document, indent=2))
     else:
-        _print_text(env, status, results, exit_code)
+        _print_text(env, status, results, exit_code, options.verbose)
     return exit_code
 
 

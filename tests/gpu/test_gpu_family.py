@@ -154,3 +154,11 @@ def test_mm_fp4_with_the_reference_fallback_computes_the_product(reference_mode)
     compiled = torch.compile(lambda *t: flashinfer.mm_fp4(*t, alpha, torch.bfloat16), fullgraph=True,
                              backend="inductor")
     assert compiled(*operands).float().cpu().tolist() == [[8.0, 2.0]]
+    # SGLang runs its FP4 GEMM inside captured CUDA graphs: the reference must capture (no host copies).
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = flashinfer.mm_fp4(*operands, alpha, torch.bfloat16)
+    alpha.fill_(0.5)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert captured.float().cpu().tolist() == [[16.0, 4.0]]
