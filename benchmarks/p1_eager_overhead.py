@@ -1,27 +1,75 @@
-"""P1: eager per-call cost of flashinfer.fp4_quantize, shim / original FlashInfer (goal <= 0.8).
+"""P1: eager per-call cost of flashinfer.fp4_quantize with the shim, against its peers, in one interleaved run.
 
-Both sides launch the same FlashInfer kernel on the same inputs; the ratio is what the shim's eager
-path costs per call relative to FlashInfer's own function. Rounds alternate between the two, and the
-reported figure is the median of per-round ratios.
+Columns (microseconds per call, every candidate launching the same FlashInfer kernel on the same inputs):
 
-On GPUs without the FP4 kernel (SM<100) run it with FP4_DYNAMO_SHIM_FALLBACK=launch: both paths then
-launch FlashInfer's real (empty) kernel, which is what makes per-call host overhead measurable there.
+* ``original``: FlashInfer's own ``fp4_quantize`` (the function the shim replaces);
+* ``shim``: ``flashinfer.fp4_quantize`` with the shim applied;
+* ``flashinfer_op``: FlashInfer's ``torch.ops.flashinfer.fp4_quantize`` as FlashInfer ships it (0.6.12+;
+  ``enable_pdl=False``, the one value its 0.6.12-0.7.0 body passes correctly), measured with the shim
+  reverted for that candidate's turn of each round;
+* ``repaired_op``: the same op while the shim is applied (its kernels and fake repaired);
+* ``sglang_op``: SGLang >= 0.5.12's ``torch.ops.sglang.flashinfer_fp4_quantize``, when SGLang imports;
+* ``floor``: the two output allocations plus the raw JIT-module call, nothing else.
 
-    FP4_DYNAMO_SHIM_FALLBACK=launch python benchmarks/p1_eager_overhead.py
+Rounds alternate between candidates; each ratio is the median of per-round ratios (machines are noisy).
+On GPUs without the FP4 kernel (SM<100) run it with FP4_DYNAMO_SHIM_FALLBACK=launch: every candidate then
+launches FlashInfer's real (empty) kernel, which is what per-call host overhead consists of there.
+
+    FP4_DYNAMO_SHIM_FALLBACK=launch python benchmarks/p1_eager_overhead.py [--save]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching
+from fp4_dynamo_shim import flashinfer_op, ops, patching, preload
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from common import add_save_option, environment, interleaved_ratio, median_ratio, now, table, write  # noqa: E402
+from common import add_save_option, environment, median_ratio, now, table, write  # noqa: E402
+
+
+def _floor(x, scale):
+    """Two allocations and the raw JIT entry with the release's argument order: the least any path can do."""
+    target = ops.active_target()
+    module = sys.modules[target.module]
+    jit = preload.jit_module_of(module.get_fp4_quantization_module(
+        "%d%d" % torch.cuda.get_device_capability(x.device)))
+    values = dict(sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True, is_sf_8x4_layout=False,
+                  is_global_scale_inversed=False, enable_pdl=True, nvfp4_4over6_code=0)
+    scalars = [values[name] for name in target.kernel_args]
+    rows, columns = x.shape
+    sf_size = (rows + 127) // 128 * 128 * ((columns // 16 + 3) // 4 * 4)
+
+    def call():
+        out_val = torch.empty((rows, columns // 2), dtype=torch.uint8, device=x.device)
+        out_sf = torch.empty((sf_size,), dtype=torch.uint8, device=x.device)
+        jit.fp4_quantize(x, scale, out_val, out_sf, *scalars)
+
+    return call
+
+
+def _sglang_op():
+    try:
+        from sglang.srt.layers.quantization import fp4_utils  # noqa: F401  (registers the op, SGLang >= 0.5.12)
+
+        return torch.ops.sglang.flashinfer_fp4_quantize
+    except Exception:  # absent before 0.5.12, or SGLang not importable here: no column
+        return None
+
+
+def timed(function, calls):
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        function()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / calls * 1e6
 
 
 def main() -> int:
@@ -41,32 +89,62 @@ def main() -> int:
     import flashinfer
 
     shim, original = flashinfer.fp4_quantize, patching.original_function()
+    has_op, sglang_op = flashinfer_op.flashinfer_has_op(), _sglang_op()
     rows_out, results = [], []
     for columns in options.columns:
         for rows in options.rows:
             x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16)
             scale = torch.tensor([1.0], device="cuda")
-            for function in (shim, original):  # warm both paths (allocator, module caches)
+            candidates = {"original": lambda: original(x, scale), "shim": lambda: shim(x, scale),
+                          "floor": _floor(x, scale)}
+            if has_op:
+                op = torch.ops.flashinfer.fp4_quantize
+                candidates["repaired_op"] = lambda: op(x, scale, 16, False, True, False, False)
+            if sglang_op is not None:
+                candidates["sglang_op"] = lambda: sglang_op(x, scale)
+            for function in candidates.values():  # warm every path (allocator, module caches)
                 for _ in range(20):
-                    function(x, scale)
-            timing = interleaved_ratio(
-                {"original": lambda: original(x, scale), "shim": lambda: shim(x, scale)},
-                options.calls, options.rounds, torch.cuda.synchronize,
-            )
-            ratio = median_ratio(timing["shim"]["rounds_us"], timing["original"]["rounds_us"])
-            results.append({"rows": rows, "columns": columns, "ratio": ratio, **{
-                f"{name}_median_us": value["median_us"] for name, value in timing.items()}})
-            rows_out.append([rows, columns, f"{timing['original']['median_us']:.2f}",
-                             f"{timing['shim']['median_us']:.2f}", f"{ratio:.3f}"])
-    print(table(["M", "K", "original us/call", "shim us/call", "shim/original"], rows_out))
-    worst = max(r["ratio"] for r in results)
-    print(f"worst ratio {worst:.3f} (goal <= 0.8)")
-    saved = write("p1_eager_overhead", {
-        "benchmark": "P1 eager per-call cost, shim / original", "when": now(), "environment": environment(),
-        "mode": fp4_dynamo_shim.status()["devices"][0]["mode"], "calls": options.calls, "rounds": options.rounds,
-        "command": " ".join(["python"] + sys.argv), "results": results, "worst_ratio": worst,
-    }, options.save)
-    print(saved)
+                    function()
+            per_round = {name: [] for name in [*candidates, *(["flashinfer_op"] if has_op else [])]}
+            for _ in range(options.rounds):
+                for name, function in candidates.items():
+                    per_round[name].append(timed(function, options.calls))
+                if has_op:  # FlashInfer's op as shipped: its own registrations, its body calling its function
+                    fp4_dynamo_shim.revert()
+                    shipped = torch.ops.flashinfer.fp4_quantize
+                    for _ in range(5):
+                        shipped(x, scale, 16, False, True, False, False)
+                    per_round["flashinfer_op"].append(timed(lambda: shipped(x, scale, 16, False, True, False, False),
+                                                            options.calls))
+                    assert fp4_dynamo_shim.apply()
+            median = {name: statistics.median(values) for name, values in per_round.items()}
+            result = {"rows": rows, "columns": columns, **{f"{n}_median_us": v for n, v in median.items()},
+                      "shim_over_original": median_ratio(per_round["shim"], per_round["original"]),
+                      "shim_minus_floor_us": statistics.median(
+                          s - f for s, f in zip(per_round["shim"], per_round["floor"]))}
+            if has_op:
+                result["shim_over_flashinfer_op"] = median_ratio(per_round["shim"], per_round["flashinfer_op"])
+                result["repaired_op_over_shim"] = median_ratio(per_round["repaired_op"], per_round["shim"])
+            if sglang_op is not None:
+                result["shim_over_sglang_op"] = median_ratio(per_round["shim"], per_round["sglang_op"])
+            results.append(result)
+            rows_out.append([rows, columns] + [f"{median[n]:.2f}" if n in median else "-" for n in
+                                               ("original", "shim", "flashinfer_op", "repaired_op", "sglang_op", "floor")]
+                            + [f"{result['shim_over_original']:.3f}",
+                               f"{result['shim_over_flashinfer_op']:.3f}" if has_op else "-",
+                               f"{result['shim_minus_floor_us']:.2f}"])
+    print(table(["M", "K", "original", "shim", "flashinfer_op", "repaired_op", "sglang_op", "floor",
+                 "shim/original", "shim/fi_op", "shim-floor us"], rows_out))
+    print(f"worst shim/original {max(r['shim_over_original'] for r in results):.3f} (goal <= 0.8)"
+          + (f"; worst shim/FlashInfer-op {max(r['shim_over_flashinfer_op'] for r in results):.3f} (goal <= 0.4)"
+             if has_op else "")
+          + f"; worst shim - floor {max(r['shim_minus_floor_us'] for r in results):.2f} us (goal <= 1)")
+    print(write("p1_eager_overhead", {
+        "benchmark": "P1 eager per-call cost against FlashInfer's function, its op, SGLang's op and the floor",
+        "when": now(), "environment": environment(), "mode": fp4_dynamo_shim.status()["devices"][0]["mode"],
+        "calls": options.calls, "rounds": options.rounds, "command": " ".join(["python"] + sys.argv),
+        "results": results,
+    }, options.save))
     return 0
 
 

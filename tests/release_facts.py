@@ -36,10 +36,26 @@ class Facts:
     row_wise_global_scale: bool
     #: ``nvfp4_batched_quantize`` takes a global scale with one value per row.
     per_row_batched_global_scale: bool
+    #: envUtils.cpp: the variables that switch fast math off (getBoolEnv: exactly "1").
+    fast_math_switches: tuple = ()
+    #: How 4over6 reaches the kernel: "none", "environment" (C++ reads FLASHINFER_NVFP4_4OVER6* per launch),
+    #: "code" (the nvfp4_4over6 argument, resolved by Python; the environment when it is left out).
+    four_over_six: str = "none"
+    #: quantization_utils.cuh: the output scale is 0 only for a zero block ("amax", where a scale that rounds
+    #: to e4m3 zero gives rcp(0) = inf) or whenever the scale byte is 0 ("byte", from 0.7.4).
+    zero_scale: str = "amax"
+    #: MXFP4 without flush-to-zero (0.7.4's mx_quantize_mul).
+    mxfp4_keeps_subnormals: bool = False
+    #: torch.ops.flashinfer.fp4_quantize's body: None (no op), "positional" or "keyword".
+    flashinfer_op: str | None = None
 
 
-def _facts(module, kernel_args, padded, alignment, converts, row_wise=False, batched_per_row=False):
-    return Facts(module, kernel_args, padded, alignment, converts, row_wise, batched_per_row)
+def _facts(module, kernel_args, padded, alignment, converts, row_wise=False, batched_per_row=False, **kernel):
+    return Facts(module, kernel_args, padded, alignment, converts, row_wise, batched_per_row, **kernel)
+
+
+TRTLLM = ("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH",)
+BOTH = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
 
 
 FACTS = {
@@ -50,14 +66,23 @@ FACTS = {
     "0.6.7.post2": _facts(QUANTIZATION, BASE, False, 16, False),
     "0.6.8.post1": _facts(QUANTIZATION, BASE, True, 16, False),
     "0.6.11.post1": _facts(QUANTIZATION, INVERSED, True, 16, False, batched_per_row=True),
-    "0.6.12": _facts(QUANTIZATION, INVERSED, True, 16, False, batched_per_row=True),
-    "0.6.13": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True),
-    "0.6.15.post1": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True),
-    "0.6.16": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True),
-    "0.6.18": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True),
-    "0.7.1": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 16, True, batched_per_row=True),
-    "0.7.2": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 16, True, batched_per_row=True),
-    "0.7.4": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 1, True, row_wise=True, batched_per_row=True),
+    "0.6.12": _facts(QUANTIZATION, INVERSED, True, 16, False, batched_per_row=True, fast_math_switches=TRTLLM,
+                     four_over_six="environment", flashinfer_op="positional"),
+    "0.6.13": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                     four_over_six="environment", flashinfer_op="positional"),
+    "0.6.15.post1": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                           four_over_six="environment", flashinfer_op="positional"),
+    "0.6.16": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                     four_over_six="environment", flashinfer_op="positional"),
+    "0.6.18": _facts(QUANTIZATION, INVERSED, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                     four_over_six="environment", flashinfer_op="positional"),
+    "0.7.1": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                    four_over_six="code", flashinfer_op="keyword"),
+    "0.7.2": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 16, True, batched_per_row=True, fast_math_switches=BOTH,
+                    four_over_six="code", flashinfer_op="keyword"),
+    "0.7.4": _facts(QUANTIZATION, FOUR_OVER_SIX, True, 1, True, row_wise=True, batched_per_row=True,
+                    fast_math_switches=BOTH, four_over_six="code", zero_scale="byte", mxfp4_keeps_subnormals=True,
+                    flashinfer_op="keyword"),
 }
 
 

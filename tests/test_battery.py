@@ -8,6 +8,9 @@ legal inputs must give identical results eagerly and compiled. The GPU twin of t
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import flashinfer
 import pytest
 import torch
@@ -67,6 +70,10 @@ def test_eager_and_compiled_agree(case, backend):
     with pytest.raises(expected) as eager_error:
         call(flashinfer.fp4_quantize, case)
     assert case.problem.lower() in str(eager_error.value).lower()
+    if "nvfp4_4over6" in inspect.signature(flashinfer.fp4_quantize).parameters:
+        # 0.7.1+: the default 4over6 sentinel takes the replacement's general path; None takes its fast path.
+        with pytest.raises(expected, match=re.escape(case.problem)):
+            call(lambda *a, **k: flashinfer.fp4_quantize(*a, **k, nvfp4_4over6=None), case)
     if expected is InvalidArgumentError:  # what callers written against FlashInfer's kernel checks catch
         assert isinstance(eager_error.value, RuntimeError) and isinstance(eager_error.value, ValueError)
     with pytest.raises(Exception) as compiled_error:

@@ -80,6 +80,11 @@ def test_each_release_gets_the_row_its_wheel_calls_for(version):
             target.converts_global_scale, target.row_wise_global_scale) == (
         facts.module, facts.kernel_args, facts.swizzled_sf_padded_columns, facts.linear_sf_row_alignment,
         facts.converts_global_scale, facts.row_wise_global_scale)
+    arithmetic = target.arithmetic
+    assert (set(arithmetic.fast_math_switches), arithmetic.four_over_six, arithmetic.zero_scale,
+            arithmetic.mxfp4_keeps_subnormals, target.flashinfer_op) == (
+        set(facts.fast_math_switches), facts.four_over_six, facts.zero_scale, facts.mxfp4_keeps_subnormals,
+        facts.flashinfer_op)
 
 
 @pytest.mark.parametrize("version", sorted(FACTS))

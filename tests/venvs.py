@@ -40,8 +40,9 @@ def create(root: Path, with_project: bool = True, python: str = sys.executable, 
     else:  # another interpreter (a Debian system Python): its own venv module
         subprocess.run([python, "-m", "venv", "--without-pip", str(root / "env")], check=True, capture_output=True)
     if with_project and editable:
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(root / "env"),
-                        "-e", str(PROJECT)], check=True, capture_output=True)
+        # --ignore-installed: without it pip first uninstalls the copy in the running environment.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--prefix",
+                        str(root / "env"), "-e", str(PROJECT)], check=True, capture_output=True)
     elif with_project:
         wheel = os.environ.get("FP4_DYNAMO_SHIM_TEST_WHEEL")  # prebuilt, where this machine cannot build one
         if not wheel:

@@ -23,7 +23,7 @@ import torch
 
 from . import layout, reference
 from .errors import InvalidArgumentError, NoFp4KernelError, ShimError
-from .ops import NAMESPACE
+from .ops import NAMESPACE, current_recipe
 
 
 @dataclasses.dataclass
@@ -69,11 +69,6 @@ def _accepts(function: Callable, parameter: str) -> bool:
 
 def _rows_padded(rows, tile=128):
     return layout.round_up(rows, tile)
-
-
-def _no_recipe(code):
-    if code != 0:
-        raise NotImplementedError("fp4_dynamo_shim's reference quantizer does not implement the NVFP4 4over6 recipe")
 
 
 # block_scale_interleave ------------------------------------------------------------------------------
@@ -192,8 +187,7 @@ def _batched_fake(input, global_scale, sf_vec_size, sf_use_ue8m0, code):
 
 def _batched_reference(input, global_scale, sf_vec_size, sf_use_ue8m0, code):
     _check_batched(input, global_scale, sf_vec_size, code)
-    _no_recipe(code)
-    return reference.batched_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0)
+    return reference.batched_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, current_recipe(code))
 
 
 def _batched_flashinfer(namespace, input, global_scale, sf_vec_size, sf_use_ue8m0, code):
@@ -231,8 +225,7 @@ def _experts_fake(input, global_scale, mask, use_silu_and_mul, code):
 
 def _experts_reference(input, global_scale, mask, use_silu_and_mul, code):
     _check_experts(input, global_scale, mask, use_silu_and_mul)
-    _no_recipe(code)
-    return reference.experts_quantize(input, global_scale, mask, use_silu_and_mul)
+    return reference.experts_quantize(input, global_scale, mask, use_silu_and_mul, current_recipe(code))
 
 
 #: The inverse of FlashInfer's ``permute(3, 4, 1, 5, 2, 0)`` on the scale-factor view.

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import layout, reference
+from . import fp4_arithmetic, layout, reference
 from .errors import InvalidArgumentError, ShimError
 from .targets import Target
 
@@ -92,6 +92,8 @@ def _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, 
 
 def _checked_global_scale(global_scale, input, rows, target):
     """The global scale the kernel will read: converted where the release converts, else validated."""
+    if not isinstance(global_scale, torch.Tensor):  # a numpy array has a dtype too
+        raise not_a_tensor("global_scale", global_scale)
     if global_scale.numel() != 1 and not (target.row_wise_global_scale and global_scale.numel() == rows):
         allowed = "1 or one per row" if target.row_wise_global_scale else "1"
         raise InvalidArgumentError(
@@ -182,16 +184,21 @@ def quantize(
     return out_val, sf
 
 
+def current_recipe(nvfp4_4over6_code: int) -> fp4_arithmetic.Recipe:
+    """The recipe the installed kernel would run now: its switches read where and when it reads them
+    (every launch), with the 4over6 code the caller passed (-1: from the environment)."""
+    return fp4_arithmetic.recipe(active_target().arithmetic, nvfp4_4over6_code)
+
+
 def launch_reference(
     input, global_scale, out_val, out_sf, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,
     is_sf_8x4_layout, is_global_scale_inversed, enable_pdl, nvfp4_4over6_code,
 ) -> None:
     """Fill the output buffers with the reference quantizer's bytes, zeros in all padding."""
-    if nvfp4_4over6_code != 0:
-        raise NotImplementedError("fp4_dynamo_shim's reference quantizer does not implement the NVFP4 4over6 recipe")
     columns = input.shape[-1]
     packed, sf = reference.quantize(
-        input.reshape(-1, columns), global_scale, sf_vec_size, sf_use_ue8m0, is_global_scale_inversed
+        input.reshape(-1, columns), global_scale, sf_vec_size, sf_use_ue8m0, is_global_scale_inversed,
+        recipe=current_recipe(nvfp4_4over6_code),
     )
     out_val.view(-1, columns // 2).copy_(packed)
     flat_sf = out_sf.view(-1)

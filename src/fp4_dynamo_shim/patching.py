@@ -19,7 +19,8 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import config, cuda_version, family, family_ops, hook, ops, preload, rebind, sglang_releases, targets, wrapper
+from . import (config, cuda_version, family, family_ops, flashinfer_op, hook, ops, preload, rebind, sglang_releases,
+               targets, wrapper)
 from .config import Settings
 from .errors import ApplyError
 
@@ -151,6 +152,10 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
         swap(original, replacement)
         for family_original, family_replacement in family_replaced.values():
             swap(family_original, family_replacement)
+        restore_op = flashinfer_op.repair(target, module, recipe)
+        if restore_op is not None:
+            restorers.append(restore_op)
+            family_report["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
     except BaseException:
         _undo(swaps, restorers)
         raise

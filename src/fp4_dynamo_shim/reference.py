@@ -1,149 +1,26 @@
-"""A pure-PyTorch NVFP4 / MXFP4 quantizer that computes what FlashInfer's kernel computes.
+"""The pure-PyTorch side of the shim: the quantizer, dequantization, and the FP4 family's references.
 
-It is the op's CPU kernel (so trace -> compile -> run works with no GPU) and the
-opt-in fallback on GPUs that lack the Blackwell kernel. Vectorised; no Python
-loop touches elements. It runs inside CUDA-graph capture: nothing here copies
-from the host or synchronises.
-
-Semantics follow ``cvt_warp_fp16_to_fp4`` / ``cvt_warp_fp8_to_fp4`` in
-``quantization_utils.cuh`` and FlashInfer's own Python reference
-(``ref_fp4_quant``). Where the two can differ (the kernel's approximate
-reciprocal, NaN, scale underflow) is written down in docs/how-it-works.md.
+The quantizer (``fp4_arithmetic``) computes what FlashInfer's kernel computes; it is the op's CPU kernel
+(so trace -> compile -> run works with no GPU) and the opt-in fallback on GPUs that lack the Blackwell
+kernels. Vectorised; no Python loop touches elements; nothing copies from the host or synchronises, so
+it runs inside CUDA-graph capture.
 """
 
 from __future__ import annotations
 
 import torch
 
-E2M1_MAX = 6.0
-E4M3_MAX = 448.0
-#: float32(1/6), what ``rcp.approx.ftz.f32(6.0)`` returns on the GPU.
-RECIPROCAL_OF_E2M1_MAX = torch.tensor(1.0 / 6.0, dtype=torch.float32).item()
-#: e2m1 magnitudes by code.
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-E8M0_NAN = 255
-E8M0_BIAS = 127
-
-FP8_INPUT_DTYPES = (torch.float8_e4m3fn,)
-
-
-def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
-    """Round float32 values to e2m1 codes (sign in bit 3), nearest with ties to the even code.
-
-    Saturates at +-6 like ``cvt.rn.satfinite.e2m1x2.f32``. Boundaries: a tie goes
-    to the neighbour whose code is even, so 0.25 -> 0 (code 0), 0.75 -> 1 (code 2),
-    1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
-    """
-    magnitude = values.abs()
-    code = (
-        (magnitude > 0.25).to(torch.uint8)
-        + (magnitude >= 0.75)
-        + (magnitude > 1.25)
-        + (magnitude >= 1.75)
-        + (magnitude > 2.5)
-        + (magnitude >= 3.5)
-        + (magnitude > 5.0)
-    )
-    return code | (torch.signbit(values).to(torch.uint8) << 3)
-
-
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Two codes per byte, the first in the low nibble: ``[..., K] -> [..., K/2]``."""
-    pairs = codes.view(*codes.shape[:-1], codes.shape[-1] // 2, 2)
-    return pairs[..., 0] | (pairs[..., 1] << 4)
+from .fp4_arithmetic import (  # noqa: F401  (the quantizer's pieces, used through this module)
+    E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_NAN, FP8_INPUT_DTYPES, Recipe, e2m1_codes, e4m3_round, e8m0_round_up,
+    pack_nibbles, quantize,
+)
+from .fp4_arithmetic import e2m1_values as e2m1_to_float
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     low = packed & 0xF
     high = packed >> 4
     return torch.stack((low, high), dim=-1).view(*packed.shape[:-1], packed.shape[-1] * 2)
-
-
-def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
-    """Values of e2m1 codes. Computed from the bits (exponent e = bits 1-2, mantissa m = bit 0: m/2 when
-    e = 0, else 2^(e-1) * (1 + m/2)), not looked up in a table: a table would be a host-to-device copy,
-    which CUDA-graph capture forbids."""
-    exponent = ((codes >> 1) & 0x3).to(torch.float32)
-    half_mantissa = (codes & 0x1).to(torch.float32) * 0.5
-    magnitude = torch.where(exponent == 0, half_mantissa, torch.ldexp(1.0 + half_mantissa, exponent - 1))
-    return torch.where((codes & 0x8) != 0, -magnitude, magnitude)
-
-
-def e4m3_round(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(byte, value) of a positive float32 scale stored as e4m3: nearest-even, saturating at 448."""
-    as_e4m3 = scale.clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
-    return as_e4m3.view(torch.uint8), as_e4m3.to(torch.float32)
-
-
-def e8m0_round_up(scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(byte, value) of a non-negative scale rounded *up* to a power of two (``cudaRoundPosInf``).
-
-    Saturates at 2^127 (byte 254); zero and anything at or below 2^-127 give byte 0; NaN gives 255.
-    """
-    mantissa, exponent = torch.frexp(scale)
-    # scale = mantissa * 2**exponent with mantissa in [0.5, 1): a power of two has mantissa 0.5.
-    exact_power = mantissa == 0.5
-    ceil_log2 = torch.where(exact_power, exponent - 1, exponent)
-    biased = (ceil_log2 + E8M0_BIAS).clamp(0, 254)
-    biased = torch.where(scale > 0, biased, torch.zeros_like(biased))
-    biased = torch.where(torch.isinf(scale), torch.full_like(biased, 254), biased)
-    biased = torch.where(torch.isnan(scale), torch.full_like(biased, E8M0_NAN), biased)
-    value = torch.ldexp(torch.ones_like(scale), (biased - E8M0_BIAS).to(torch.float32))
-    return biased.to(torch.uint8), value
-
-
-def e8m0_inverse(byte: torch.Tensor) -> torch.Tensor:
-    """``ue8m0_inverse_scale``: 2^(127 - byte), and 0 for byte 0."""
-    inverse = torch.ldexp(torch.ones(byte.shape, device=byte.device), (E8M0_BIAS - byte.to(torch.float32)))
-    return torch.where(byte == 0, torch.zeros_like(inverse), inverse)
-
-
-def _reciprocal_or_zero(value: torch.Tensor) -> torch.Tensor:
-    return torch.where(value == 0, torch.zeros_like(value), 1.0 / value)
-
-
-def _block_amax(blocks: torch.Tensor) -> torch.Tensor:
-    # The kernel's fmax-based reduction skips NaN; torch.amax would propagate it.
-    return blocks.abs().nan_to_num(nan=0.0).amax(dim=-1)
-
-
-def quantize(
-    input: torch.Tensor,
-    global_scale: torch.Tensor | None,
-    sf_vec_size: int,
-    sf_use_ue8m0: bool,
-    is_global_scale_inversed: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Quantize a row-major ``[M, K]`` tensor; returns (packed ``[M, K/2]`` uint8, scale bytes ``[M, K/sf_vec_size]``).
-
-    ``global_scale`` is a float32 tensor with one element, or one per row.
-    """
-    rows, columns = input.shape
-    blocks = input.to(torch.float32).view(rows, columns // sf_vec_size, sf_vec_size)
-    if global_scale is None:
-        scale_of_row = torch.ones((rows, 1), dtype=torch.float32, device=input.device)
-    else:
-        scale_of_row = global_scale.to(torch.float32).reshape(-1, 1).expand(rows, 1)
-        if is_global_scale_inversed:
-            scale_of_row = 1.0 / scale_of_row
-
-    if input.dtype in FP8_INPUT_DTYPES:
-        # cvt_warp_fp8_to_fp4: dequantize to fp16 first, then the scale applies twice.
-        blocks = (blocks * (E2M1_MAX / scale_of_row).unsqueeze(-1)).to(torch.float16).to(torch.float32)
-        scale = scale_of_row * (_block_amax(blocks) * RECIPROCAL_OF_E2M1_MAX)
-        sf_bytes, narrow = e8m0_round_up(scale) if sf_use_ue8m0 else e4m3_round(scale)
-        output_scale = torch.where(scale == 0, torch.zeros_like(scale), scale_of_row * _reciprocal_or_zero(narrow))
-    elif sf_use_ue8m0:
-        # MXFP4 from 16-bit input: the kernel does not apply the global scale.
-        sf_bytes, _ = e8m0_round_up(_block_amax(blocks) * RECIPROCAL_OF_E2M1_MAX)
-        output_scale = e8m0_inverse(sf_bytes)
-    else:
-        scale = scale_of_row * (_block_amax(blocks) * RECIPROCAL_OF_E2M1_MAX)
-        sf_bytes, narrow = e4m3_round(scale)
-        output_scale = _reciprocal_or_zero(narrow * _reciprocal_or_zero(scale_of_row))
-
-    codes = e2m1_codes(blocks * output_scale.unsqueeze(-1)).view(rows, columns)
-    return pack_nibbles(codes), sf_bytes
 
 
 def dequantize(
@@ -210,7 +87,7 @@ def mxfp4_dequantize_host(weight: torch.Tensor, scale: torch.Tensor, group_size:
     return (values.view(weight.shape[0], -1, group_size) * factor.unsqueeze(-1)).view(values.shape)
 
 
-def batched_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0):
+def batched_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, recipe: Recipe = Recipe()):
     """``fp4_batched_quantize``: ``[B, M, K]`` -> (``[B, M, K/2]``, ``[B, swizzled 128x4 bytes]``).
 
     A global scale with one value per row (``[M]``) applies to that row in every batch.
@@ -220,12 +97,13 @@ def batched_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0):
     batches, rows, columns = input.shape
     if global_scale.numel() > 1:
         global_scale = global_scale.reshape(1, rows).expand(batches, rows).reshape(-1)
-    packed, sf = quantize(input.reshape(batches * rows, columns), global_scale, sf_vec_size, sf_use_ue8m0)
+    packed, sf = quantize(input.reshape(batches * rows, columns), global_scale, sf_vec_size, sf_use_ue8m0,
+                          recipe=recipe)
     grids = sf.view(batches, rows, columns // sf_vec_size)
     return packed.view(batches, rows, columns // 2), torch.stack([layout.swizzle(g, False) for g in grids])
 
 
-def experts_quantize(input, global_scale, mask, use_silu_and_mul):
+def experts_quantize(input, global_scale, mask, use_silu_and_mul, recipe: Recipe = Recipe()):
     """``silu_and_mul_scaled_nvfp4_experts_quantize`` (the grouped quantize too, without the silu).
 
     ``[L, M, K]`` (``2K`` with silu: gate first, up second, computed in float and rounded to the input
@@ -241,7 +119,7 @@ def experts_quantize(input, global_scale, mask, use_silu_and_mul):
         input = (gate / (1.0 + torch.exp(-gate)) * up).to(input.dtype)
     columns = input.shape[-1]
     scale_of_row = global_scale.to(torch.float32).reshape(experts, 1).expand(experts, rows).reshape(-1)
-    packed, sf = quantize(input.reshape(experts * rows, columns), scale_of_row, 16, False)
+    packed, sf = quantize(input.reshape(experts * rows, columns), scale_of_row, 16, False, recipe=recipe)
     valid = torch.arange(rows, device=input.device).unsqueeze(0) < mask.to(torch.int64).unsqueeze(1)
     packed = torch.where(valid.reshape(-1, 1), packed, torch.zeros_like(packed)).view(experts, rows, columns // 2)
     sf = torch.where(valid.reshape(-1, 1), sf, torch.zeros_like(sf)).view(experts, rows, columns // 16)

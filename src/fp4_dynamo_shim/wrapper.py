@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import ops
+from . import fp4_arithmetic, ops
 from .errors import NotExpressibleError
 
 #: Parameters the core understands, in its positional order, with the value used when a release lacks one.
@@ -48,24 +48,16 @@ MARKER = "__fp4_dynamo_shim__"
 class Recipe:
     """NVFP4 4over6 handling for releases that have the ``nvfp4_4over6`` parameter (0.7.1+).
 
-    Eager calls resolve through FlashInfer's own functions (which read
-    ``FLASHINFER_NVFP4_4OVER6*`` on every call, as FlashInfer does); compiled
-    regions use the environment as it was at apply time, since reading the
-    environment is not something a graph can do.
+    Eager calls resolve through FlashInfer's own functions (which read ``FLASHINFER_NVFP4_4OVER6*`` on
+    every call, as FlashInfer does). A compiled region passes the kernel's own "read the environment"
+    code (-1) when the caller left the parameter out, so the choice is made when the graph runs, by the
+    kernel (or the reference, which reads the same variables), as FlashInfer's kernel would make it.
     """
 
     def __init__(self, module, unset):
         self.unset = unset
         self.resolve = module.resolve_nvfp4_4over6
         self.code_of = module.nvfp4_4over6_code
-        self.environment_code_at_apply = self.code_of(self._environment_config())
-
-    def _environment_config(self):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            return self.resolve(self.unset)
 
     def code(self, setting, input, sf_vec_size, sf_use_ue8m0, compiling: bool) -> int:
         is_mxfp4 = sf_vec_size != 16 or sf_use_ue8m0
@@ -73,7 +65,7 @@ class Recipe:
             if is_mxfp4 or input.dtype == torch.float8_e4m3fn:
                 # FlashInfer: MXFP4 never reads the environment; FP8 kernels ignore an environment recipe.
                 return 0
-            return self.environment_code_at_apply if compiling else self.code_of(self.resolve(setting))
+            return fp4_arithmetic.CODE_FROM_ENVIRONMENT if compiling else self.code_of(self.resolve(setting))
         if setting is None:
             return 0
         if is_mxfp4:

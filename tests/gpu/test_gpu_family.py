@@ -162,3 +162,22 @@ def test_mm_fp4_with_the_reference_fallback_computes_the_product(reference_mode)
     graph.replay()
     torch.cuda.synchronize()
     assert captured.float().cpu().tolist() == [[16.0, 4.0]]
+
+
+def test_flashinfers_own_op_runs_with_enable_pdl_none_and_gives_the_functions_values(reference_mode):
+    """FlashInfer's torch.ops.flashinfer.fp4_quantize, repaired by the shim: FlashInfer's own body passes
+    None into the JIT entry's bool (a TypeError there, with or without the shim) and enable_pdl=True into
+    is_global_scale_inversed (0.6.12-0.7.0)."""
+    from fp4_dynamo_shim import flashinfer_op
+
+    if not flashinfer_op.flashinfer_has_op():
+        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    x, scale = quantized()
+    want = flashinfer.fp4_quantize(x, scale)
+    for enable_pdl in (None, False, True):
+        got = torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, enable_pdl)
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), enable_pdl
+    column_major = x.t().contiguous().t()
+    compiled = torch.compile(lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None),
+                             fullgraph=True, backend="inductor")
+    assert meta(compiled(column_major, scale)) == meta(flashinfer.fp4_quantize(column_major, scale))

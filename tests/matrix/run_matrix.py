@@ -41,6 +41,8 @@ CHECKS = {
     "kernel-call parity": "tests/test_parity.py",
     "bad input": "tests/test_battery.py",
     "FP4 family": "tests/test_family.py",
+    "kernel modes and edges": "tests/test_kernel_modes.py",
+    "FlashInfer's own op": "tests/test_flashinfer_op.py",
 }
 
 REFUSAL_PROBE = """

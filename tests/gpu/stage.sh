@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install, on the GPU machine, what tests/gpu/fetch.sh brought (each set travels with its own command):
+#   bash tests/gpu/stage.sh kernel      unpack .sgl/k (the slimmed sgl_kernel) into /tmp/stage/sk
+#   bash tests/gpu/stage.sh engine      .sgl/w into /tmp/site, plus /tmp/stage/sk: SGLang 0.5.11's engine
+#   bash tests/gpu/stage.sh suite       .whl into /tmp/site059: FlashInfer 0.6.3 + SGLang 0.5.9's compile path
+#   bash tests/gpu/stage.sh flashinfer V .fi<V> into /tmp/site<V>
+#   bash tests/gpu/stage.sh shim        this project's wheel (.ourwheel) into python3's own site-packages
+# Then put the site folder first on PYTHONPATH (tests/gpu/run.sh does it with FP4_DYNAMO_SHIM_TEST_SITE).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+install() { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$@"; }
+case "${1:-}" in
+  kernel) mkdir -p /tmp/stage/sk && tar xzf .sgl/k/sgl_kernel_slim.tgz -C /tmp/stage/sk ;;
+  engine) install /tmp/site .sgl/w/*.whl && cp -r /tmp/stage/sk/. /tmp/site/ ;;
+  suite) install /tmp/site059 .whl/*.whl ;;
+  flashinfer) install "/tmp/site$2" ".fi$2"/*.whl ;;
+  shim) python3 -m pip install -q --no-index --no-deps --force-reinstall .ourwheel/fp4_dynamo_shim-*.whl ;;
+  *) sed -n '2,9p' "$0"; exit 3 ;;
+esac

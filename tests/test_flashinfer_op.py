@@ -1,0 +1,76 @@
+"""FlashInfer's own torch.ops.flashinfer.fp4_quantize (0.6.12+), repaired while the shim is applied.
+
+Asked of FlashInfer (does the op exist in this release), not of the shim. On CPU the op's kernel is the
+shim's reference, so every comparison below is between FlashInfer's documented op and its function.
+"""
+
+from __future__ import annotations
+
+import flashinfer
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from fp4_dynamo_shim import flashinfer_op
+
+from release_facts import installed_facts
+
+pytestmark = pytest.mark.skipif(not flashinfer_op.flashinfer_has_op(),
+                                reason="this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+
+
+def inputs(shape=(64, 256), seed=0):
+    torch.manual_seed(seed)
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    return x, torch.tensor([448.0 * 6.0 / x.float().abs().max().item()])
+
+
+def same(got, want):
+    return all(g.shape == w.shape and g.stride() == w.stride() and torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("enable_pdl", [None, False, True])
+def test_the_op_honours_its_own_schema_for_every_enable_pdl(enable_pdl):
+    # FlashInfer's body (0.6.12 to 0.7.0.post1) passes its 7th argument into is_global_scale_inversed.
+    x, scale = inputs()
+    assert same(torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, enable_pdl),
+                flashinfer.fp4_quantize(x, scale))
+
+
+@pytest.mark.parametrize("shape, column_major", [((64, 256), True), ((2, 64, 256), False), ((2, 128, 64), True)])
+def test_compiled_with_column_major_and_3d_input_matches_eager(shape, column_major):
+    x, scale = inputs(shape)
+    if column_major:
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    compiled = torch.compile(lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None),
+                             fullgraph=True, backend="inductor")
+    assert same(compiled(x, scale), flashinfer.fp4_quantize(x, scale))
+
+
+def test_revert_restores_flashinfers_registrations_exactly():
+    fp4_dynamo_shim.revert()
+    dispatch_table = torch._C._dispatch_dump("flashinfer::fp4_quantize")
+    fake = torch._library.simple_registry.singleton.find("flashinfer::fp4_quantize").fake_impl.kernel
+    assert fp4_dynamo_shim.apply()
+    assert torch._C._dispatch_dump("flashinfer::fp4_quantize") != dispatch_table  # repaired while applied
+    assert "torch.ops.flashinfer.fp4_quantize" in fp4_dynamo_shim.status()["family"]
+    fp4_dynamo_shim.revert()
+    assert torch._C._dispatch_dump("flashinfer::fp4_quantize") == dispatch_table
+    assert torch._library.simple_registry.singleton.find("flashinfer::fp4_quantize").fake_impl.kernel is fake
+    assert fp4_dynamo_shim.apply()
+
+
+def test_the_release_table_says_what_flashinfers_op_body_does():
+    # Read off the wheel: 0.6.12 to 0.7.0.post1 forward positionally, 0.7.1 on by keyword.
+    import inspect
+
+    body = inspect.getsource(_flashinfer_op_body())
+    positional = "is_sf_swizzled_layout=is_sf_swizzled_layout" not in body
+    assert installed_facts().flashinfer_op == ("positional" if positional else "keyword")
+
+
+def _flashinfer_op_body():
+    import sys
+
+    module = sys.modules[flashinfer.fp4_quantize.__wrapped__.__module__]
+    return module._fp4_quantize_custom_op._init_fn
