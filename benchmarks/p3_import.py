@@ -49,7 +49,7 @@ def main() -> int:
     if not options.skip_cold:
         with tempfile.TemporaryDirectory() as workspace:
             code = (f"{SHIM}, json; print(json.dumps([d['load_seconds'] for d in "
-                    "fp4_dynamo_shim.status().get('devices', [])]))")
+                    "fp4_dynamo_shim.status()['devices'] or []]))")
             started = time.perf_counter()
             out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
                                  env={**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace})

@@ -139,6 +139,21 @@ def install_if_enabled():
         install("pth")
 
 
+def sglang_plugin():
+    """SGLang's ``sglang.srt.plugins`` entry point (loaded in the launcher and in every scheduler process).
+
+    It lives here, outside the package, so that importing it does not count as ``import fp4_dynamo_shim``:
+    the package's import route would export FP4_DYNAMO_SHIM=1 and hand every child to the import hook,
+    and the plugin route could never be seen on its own."""
+    global activating
+    activating = "plugin"
+    try:
+        from fp4_dynamo_shim import sglang
+    finally:
+        activating = None
+    sglang.plugin()
+
+
 def probe_worker(queue, run_sglang_plugins=False):
     """Body of verify's worker-activation check, run in a child started the way SGLang starts its schedulers
     (multiprocessing spawn): import flashinfer as a scheduler does, optionally load SGLang's plugins as its

@@ -173,7 +173,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
     """)
     result = installed.run(code, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == ["fp4_dynamo_shim.sglang:plugin", False, True, True]
+    assert json.loads(result.stdout) == ["fp4_dynamo_shim_hook:sglang_plugin", False, True, True]
 
 
 @pytest.mark.parametrize("version, wraps, check", [

@@ -15,6 +15,9 @@ from .patching import apply, revert, status
 __all__ = ["apply", "revert", "status"]
 __version__ = "0.1.0"
 
-# The start-up hook sets ``activating`` while it imports the package, so the route is recorded.
-if patching.apply(route=getattr(sys.modules.get("fp4_dynamo_shim_hook"), "activating", None) or "import"):
+# The start-up module sets ``activating`` while it imports the package (hook or plugin), so the route is
+# recorded; only a user's own import exports FP4_DYNAMO_SHIM=1 for children (the other routes reach
+# children by themselves).
+_route = getattr(sys.modules.get("fp4_dynamo_shim_hook"), "activating", None) or "import"
+if patching.apply(route=_route) and _route == "import":
     patching.export_for_children()

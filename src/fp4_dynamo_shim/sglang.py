@@ -45,13 +45,14 @@ def _one_rank_process_group() -> None:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=1, rank=0)
 
 
-def compile_path_check(capture_sizes=(1, 2, 4), hidden: int = 256, compare_values: bool = True, block=None) -> dict:
+def compile_path_check(capture_sizes=(2, 4, 8), hidden: int = 256, compare_values: bool = True, block=None) -> dict:
     """Run SGLang's own ``install_torch_compiled`` + ``SGLangBackend`` on a small NVFP4-style block.
 
     The block's forward calls ``flashinfer.fp4_quantize`` through the ``flashinfer`` module global, as
     SGLang's layers call their module-level binding. It is compiled with ``fullgraph=True`` by SGLang,
     piecewise CUDA graphs are captured for ``capture_sizes`` in a fresh graph pool, and each size is
-    replayed on fresh inputs copied into the captured buffers. Needs a GPU and SGLang 0.5.3.post2-0.5.13.
+    replayed on fresh inputs copied into the captured buffers (sizes above 1: Dynamo specialises size 1,
+    and SGLang captures no graph for that static compilation). Needs a GPU and SGLang 0.5.3.post2-0.5.13.
     ``block`` replaces the built-in block (a CUDA module taking ``[tokens, hidden]`` bf16).
     Returns what happened (``cuda_graphs_captured`` counts ``torch.cuda.CUDAGraph`` captures that completed
     while SGLang ran; ``replays_equal_eager`` is None when values were not compared); raises whatever SGLang

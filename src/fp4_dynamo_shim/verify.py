@@ -62,7 +62,7 @@ def _mode(device: str) -> Optional[str]:
     """How fp4_quantize runs on ``device``: "reference" on CPU, else the current GPU's preload mode."""
     if device == "cpu":
         return "reference"
-    loaded = {d["index"]: d for d in fp4_dynamo_shim.status().get("devices", [])}
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status()["devices"] or []}
     entry = loaded.get(torch.cuda.current_device())
     return entry["mode"] if entry else None
 

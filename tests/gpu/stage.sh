@@ -5,6 +5,8 @@
 #   bash tests/gpu/stage.sh suite       .whl into /tmp/site059: FlashInfer 0.6.3 + SGLang 0.5.9's compile path
 #   bash tests/gpu/stage.sh flashinfer V .fi<V> into /tmp/site<V>
 #   bash tests/gpu/stage.sh shim        this project's wheel (.ourwheel) into python3's own site-packages
+#   bash tests/gpu/stage.sh suite-extras  the pure-Python part of .sgl/w into /tmp/site059 (0.5.9's modelopt
+#                                       module imports more of SGLang than its compile path: openai, ...)
 # Then put the site folder first on PYTHONPATH (tests/gpu/run.sh does it with FP4_DYNAMO_SHIM_TEST_SITE).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,5 +17,6 @@ case "${1:-}" in
   suite) install /tmp/site059 .whl/*.whl ;;
   flashinfer) install "/tmp/site$2" ".fi$2"/*.whl ;;
   shim) python3 -m pip install -q --no-index --no-deps --force-reinstall .ourwheel/fp4_dynamo_shim-*.whl ;;
+  suite-extras) install /tmp/site059 $(ls .sgl/w/*.whl | grep -v -E '/(sglang|flashinfer_python|transformers|tokenizers)-') ;;
   *) sed -n '2,9p' "$0"; exit 3 ;;
 esac

@@ -39,7 +39,7 @@ STATUS = ("import json, fp4_dynamo_shim, flashinfer, flashinfer.jit.cpp_ext as c
           "print(json.dumps({'applied': s['applied'], 'problem': s['problem'], "
           "'shimmed': getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False), "
           "'cuda_version_patched': c.get_cuda_version.__module__ != 'flashinfer.jit.cpp_ext', "
-          "'load_seconds': [d['load_seconds'] for d in s.get('devices', [])]}))")
+          "'load_seconds': [d['load_seconds'] for d in s['devices'] or []]}))")
 
 
 def run(code: str, env: dict) -> subprocess.CompletedProcess:
