@@ -10,26 +10,36 @@ What differs between SGLang releases is in ``sglang_releases``.
 from __future__ import annotations
 
 import logging
+import sys
 
 logger = logging.getLogger(__name__)
+
+
+def _say(level: int, message: str) -> None:
+    """Log ``message``; before SGLang has set up its logging (plugins load first thing in a scheduler), write
+    it to stderr, which is the scheduler's log, so that the line is never lost."""
+    if logging.getLogger().hasHandlers():
+        logger.log(level, message)
+    else:
+        sys.stderr.write(f"fp4_dynamo_shim: {message}\n")
 
 
 def plugin() -> None:
     """SGLang general plugin (entry point group ``sglang.srt.plugins``), run in every scheduler process.
 
-    Says in the scheduler's log whether the shim is active there (SGLang has set up its logging by then).
+    Says in the scheduler's log whether the shim is active there.
     """
     from . import patching
 
     if patching.apply(route="plugin"):
         rebound = patching.rebind_modules()
         state = patching.status()
-        logger.info("fp4_dynamo_shim is active in this SGLang process (activated by %s; flashinfer %s; %d more "
-                    "bindings rebound now)", state["activated_by"], state["flashinfer"], len(rebound))
+        _say(logging.INFO, f"fp4_dynamo_shim is active in this SGLang process (activated by {state['activated_by']}; "
+                           f"flashinfer {state['flashinfer']}; {len(rebound)} more bindings rebound now)")
     else:
         state = patching.status()
-        (logger.info if state["disabled"] else logger.warning)(
-            "fp4_dynamo_shim is NOT active in this SGLang process: %s", state["problem"])
+        _say(logging.INFO if state["disabled"] else logging.WARNING,
+             f"fp4_dynamo_shim is NOT active in this SGLang process: {state['problem']}")
 
 
 def _one_rank_process_group() -> None:
