@@ -17,7 +17,7 @@ class SglangRelease:
     piecewise_cuda_graph: str
     #: SGLang itself wraps flashinfer.fp4_quantize as ``sglang::flashinfer_fp4_quantize``.
     wraps_fp4_quantize: bool
-    #: ``sglang.srt.compilation.compile.install_torch_compiled`` + ``SGLangBackend`` as verify drives them.
+    #: ``sglang.srt.compilation.compile.install_torch_compiled`` + ``set_compiled`` as verify drives them.
     compile_path_check: bool
     #: Each scheduler process loads the ``sglang.srt.plugins`` entry points (the shim's plugin route).
     loads_plugins: bool
@@ -38,8 +38,10 @@ SGLANG_RELEASES = (
                   "piecewise CUDA graph traces fp4_quantize with fullgraph=True when enabled: the shim is needed on "
                   "NVFP4"),
     SglangRelease(SpecifierSet(">=0.5.10,<0.5.11"), _ON_BY_DEFAULT, False, True, False, _NEEDED_BY_DEFAULT),
-    SglangRelease(SpecifierSet(">=0.5.11,<0.5.12"), _ON_BY_DEFAULT, False, True, True, _NEEDED_BY_DEFAULT),
-    SglangRelease(SpecifierSet(">=0.5.12,<0.5.14"), _ON_BY_DEFAULT, True, True, True, _SGLANG_WRAPS),
+    # 0.5.11 reorganised the compile path (no set_compiled; seen on the H200): verify's small check does not
+    # drive it there; tests/gpu/test_gpu_engine.py runs 0.5.11's real engine instead.
+    SglangRelease(SpecifierSet(">=0.5.11,<0.5.12"), _ON_BY_DEFAULT, False, False, True, _NEEDED_BY_DEFAULT),
+    SglangRelease(SpecifierSet(">=0.5.12,<0.5.14"), _ON_BY_DEFAULT, True, False, True, _SGLANG_WRAPS),
     SglangRelease(SpecifierSet(">=0.5.14,<0.5.15"), "tc_piecewise prefill backend (the default)", True, False, True,
                   "the torch.compile piecewise graph became the tc_piecewise backend; SGLang wraps fp4_quantize itself"),
     SglangRelease(SpecifierSet(">=0.5.15"), "opt-in: --cuda-graph-backend-prefill tc_piecewise", True, False, True,

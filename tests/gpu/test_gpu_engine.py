@@ -106,10 +106,10 @@ def _run(architecture: str, case: str, model: Path, root: Path, port: int, delay
     result = json.loads((directory / "result.json").read_text()) if (directory / "result.json").exists() else {}
     statuses = [json.loads(p.read_text()) for p in sorted((directory / "status").glob("*.json"))]
     log_text = (directory / "log.txt").read_text(errors="replace")
-    capture = re.findall(r"Capture piecewise CUDA graph end\. Time elapsed: ([\d.]+) s", log_text)
+    capture = re.findall(r"Capture piecewise CUDA graph end\. Time elapsed: ([\d.]+) s", log_text)  # one per rank
     return {"architecture": architecture, "case": case, "exit": code, "wall_s": time.perf_counter() - started,
             **result, "schedulers": statuses, "log": str(directory / "log.txt"), "log_text": log_text,
-            "pcg_capture_s": float(capture[0]) if capture else None,
+            "pcg_capture_s": float(capture[0]) if capture else None, "pcg_capture_s_per_rank": [float(c) for c in capture],
             "prefill_replayed_pcg": "cuda graph: True" in log_text}
 
 
@@ -179,3 +179,43 @@ def test_piecewise_graphs_on_and_off_give_identical_greedy_output_ids(engines, a
     assert off["pcg_capture_s"] is None and not off["prefill_replayed_pcg"]
     for case in ("plugin", "hook", "import"):
         assert engines[(architecture, case)].get("output_ids") == off["output_ids"], case
+
+
+# --- tensor parallel (issue 13): needs two GPUs (nvidia-h200-x2 or larger) ---------------------------------
+
+TP_CASES = ["plugin", "hook"]
+TP_ARCHITECTURES = ["qwen3", "qwen3_moe"]
+
+
+@pytest.fixture(scope="session")
+def tp2_engines(tmp_path_factory, engines):
+    """The dense and the MoE checkpoint at tp_size=2 (plugin and hook routes), after the TP=1 runs."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"tensor parallel needs 2 GPUs; {torch.cuda.device_count()} visible (run on nvidia-h200-x2)")
+    root = tmp_path_factory.mktemp("tp2")
+    models = {arch: checkpoints.write_checkpoint(arch, root / "models" / arch) for arch in TP_ARCHITECTURES}
+    runs = [(arch, case) for arch in TP_ARCHITECTURES for case in TP_CASES]
+    original_args = {case: CASES[case].get("args", []) for case in TP_CASES}
+    try:
+        for case in TP_CASES:
+            CASES[case]["args"] = original_args[case] + ["--tp", "2"]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(runs)) as pool:
+            futures = {key: pool.submit(_run, key[0], key[1], models[key[0]], root, 31500 + 20 * i, 5.0 * i)
+                       for i, key in enumerate(runs)}
+            return {key: future.result() for key, future in futures.items()}
+    finally:
+        for case in TP_CASES:
+            CASES[case]["args"] = original_args[case]
+
+
+@pytest.mark.parametrize("case", TP_CASES)
+@pytest.mark.parametrize("architecture", TP_ARCHITECTURES)
+def test_at_tp2_every_rank_applies_the_shim_captures_and_matches_tp1(tp2_engines, engines, architecture, case):
+    run = tp2_engines[(architecture, case)]
+    assert run.get("started"), f"{run.get('error')}\n{_failure_excerpt(run['log_text'])}"
+    assert len(run["schedulers"]) == 2, run["schedulers"]  # one scheduler per rank, each reporting
+    for scheduler in run["schedulers"]:
+        assert scheduler["scheduler_error"] is None and scheduler["shim"]["applied"], scheduler
+        assert scheduler["shim"]["activated_by"] in ACTIVATED_BY[case], scheduler["shim"]
+    assert len(re.findall(r"Capture piecewise CUDA graph end", run["log_text"])) == 2  # every rank captured
+    assert run["output_ids"] == engines[(architecture, case)]["output_ids"] == engines[(architecture, "pcg_off")]["output_ids"]

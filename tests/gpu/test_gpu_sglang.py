@@ -18,7 +18,8 @@ from gpu_support import has_fp4_kernel
 
 release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
-                                reason="needs an SGLang with install_torch_compiled (0.5.3.post2-0.5.13)")
+                                reason="needs an SGLang whose compile path verify drives (0.5.3.post2-0.5.10); "
+                                       "0.5.11's real engine is tests/gpu/test_gpu_engine.py")
 
 
 def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(launch_mode):
@@ -93,7 +94,10 @@ def test_modelopt_fp4_linear_apply_traces_and_computes_with_fp4_quantize_bound_a
     """
     from fp4_dynamo_shim import layout, reference
 
-    modelopt = importlib.import_module("sglang.srt.layers.quantization.modelopt_quant")
+    try:
+        modelopt = importlib.import_module("sglang.srt.layers.quantization.modelopt_quant")
+    except Exception as error:  # record exactly which import this machine cannot satisfy
+        pytest.skip(f"sglang.srt.layers.quantization.modelopt_quant does not import here: {error!r}")
     original = patching.original_function()
     fp4_dynamo_shim.revert()
     monkeypatch.setattr(modelopt, "fp4_quantize", original, raising=False)

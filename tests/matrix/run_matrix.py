@@ -162,6 +162,45 @@ def render_family(legs: dict) -> list:
     return lines + [""]
 
 
+#: Model family x SGLang release with piecewise CUDA graphs and the shim: (family, {release: cell}).
+#: "measured" cells come from tests/gpu/test_gpu_engine.py on the H200 (SM12x path forced, see that file);
+#: the others are read from SGLang's code, and say so.
+MODEL_FAMILIES = [
+    ("Llama (`LlamaForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in); `fp4_quantize` is the only untraceable call",
+        "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: serves with PCG; greedy ids equal PCG off; without the shim PCG capture fails"}),
+    ("Qwen3 (`Qwen3ForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in)", "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: as Llama"}),
+    ("Qwen3-MoE (`Qwen3MoeForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in); the FP4 MoE runs inside an SGLang custom op",
+        "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)"}),
+    ("DeepSeek-V3, GLM-4.x MoE", {
+        "0.5.9": "not established: neither run nor read through here",
+        "0.5.10": "not established", "0.5.11": "not established"}),
+    ("GLM-5 / DeepSeek-V3.2 (NSA)", {
+        "0.5.9": "read: fails after the shim, in SGLang's NSA indexer (`Tensor.item()` on `seq_lens_cpu`, a raw "
+                 "`flashinfer.norm.layernorm`, the JIT hadamard, deep_gemm, a split op without `topk_indices`)",
+        "0.5.10": "read: SGLang switches PCG off for these architectures", "0.5.11": "read: as 0.5.10"}),
+]
+
+
+def render_model_families() -> list:
+    releases = ["0.5.9", "0.5.10", "0.5.11"]
+    lines = ["## Model families x SGLang, with piecewise CUDA graphs and the shim", "",
+             "Cells marked **measured** were run on the H200 with SGLang 0.5.11's own engine "
+             "(`tests/gpu/test_gpu_engine.py`, tiny ModelOpt NVFP4 checkpoints, SGLang's SM12x FP4 path forced); "
+             "\"read\" cells come from reading SGLang's code and were not run. Users of the NSA models: keep piecewise "
+             "CUDA graphs off (`--disable-piecewise-cuda-graph` on 0.5.9, where it is opt-in anyway; 0.5.10/0.5.11 "
+             "turn them off by themselves); the shim is harmless there but does not make those forwards traceable.", "",
+             "| model family | " + " | ".join(f"SGLang {r}" for r in releases) + " |", "|---|" + "---|" * len(releases)]
+    for family, cells in MODEL_FAMILIES:
+        lines.append(f"| {family} | " + " | ".join(cells.get(r, "-") for r in releases) + " |")
+    return lines + [""]
+
+
 def render(legs: dict, refusals: dict) -> str:
     columns = list(CHECKS)
     lines = [
@@ -191,6 +230,7 @@ def render(legs: dict, refusals: dict) -> str:
         lines.append(f"| {version} | " + " | ".join(row) + " |")
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
     lines += render_family(legs)
+    lines += render_model_families()
     if not_importable:
         lines += ["## \\* Releases that need a GPU to import", "",
                   "These releases fail `import flashinfer` with a CPU-only torch: they call",

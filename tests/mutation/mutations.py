@@ -16,10 +16,12 @@ class Mutation:
     edits: tuple
     tests: tuple
     fast: bool = True
+    #: Caught only by GPU tests: run with --gpu on a GPU machine.
+    gpu: bool = False
 
 
-def mutation(name, why, path, old, new, *tests, fast=True):
-    return Mutation(name, why, ((path, old, new),), tuple(tests), fast)
+def mutation(name, why, path, old, new, *tests, fast=True, gpu=False):
+    return Mutation(name, why, ((path, old, new),), tuple(tests), fast and not gpu, gpu)
 
 
 PKG = "src/fp4_dynamo_shim"
@@ -241,4 +243,19 @@ MUTATIONS = [
              f"{PKG}/wrapper.py", "            return fp4_arithmetic.CODE_FROM_ENVIRONMENT if compiling else",
              "            return 0 if compiling else",
              "tests/test_kernel_modes.py::test_a_compiled_region_reads_the_switches_when_it_runs"),
+    # --- issue 9, item 9: GPU tests that could not fail (run with --gpu on the GPU machine) ------------------
+    mutation("sglang-captures-nothing", "the block runs eagerly: SGLang never compiles or captures it",
+             f"{PKG}/sglang.py", "    install_torch_compiled(block,", "    (lambda *args, **kwargs: None)(block,",
+             "tests/gpu/test_gpu_sglang.py::test_with_the_reference_fallback_sglang_replays_equal_eager", gpu=True),
+    mutation("sglang-replays-not-compared", "the compile-path check never compares replays with eager",
+             f"{PKG}/sglang.py", "    if compare_values:\n        result[\"replays_equal_eager\"] = mismatches == 0\n", "",
+             "tests/gpu/test_gpu_sglang.py::test_with_the_reference_fallback_sglang_replays_equal_eager", gpu=True),
+    mutation("refusal-is-another-error", "below SM100 a family quantizer fails with an unrelated error",
+             f"{PKG}/family_ops.py", "            raise NoFp4KernelError(\n                f\"{op.name}: {device} has no FP4",
+             "            raise ShimError(\n                f\"{op.name}: {device} has no FP4",
+             "tests/gpu/test_gpu_family.py::test_quantizers_refuse_by_default_below_sm100", gpu=True),
+    mutation("bad-dtype-another-class", "bad input dtype raises a class FlashInfer callers do not catch",
+             f"{PKG}/ops.py", "        raise InvalidArgumentError(\n            f\"fp4_quantize only supports input tensor",
+             "        raise TypeError(\n            f\"fp4_quantize only supports input tensor",
+             "tests/gpu/test_gpu_battery.py::test_never_less_strict_than_flashinfer", gpu=True),
 ]

@@ -7,6 +7,7 @@ one of them fails. The unmutated copy must pass the same tests first, or the lis
     python tests/mutation/run_mutations.py              # the fast subset (what CI runs)
     python tests/mutation/run_mutations.py --all        # every mutation
     python tests/mutation/run_mutations.py --only NAME  # one or more by name
+    python tests/mutation/run_mutations.py --gpu        # the GPU tests' mutations, on a GPU machine
 
 Prints one line per mutation (caught by which test, or SURVIVED) and exits 1 when any survives, when a
 snippet is missing or ambiguous, or when the unmutated baseline fails.
@@ -30,10 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mutations import MUTATIONS, Mutation  # noqa: E402
 
 
+#: What a copy needs where there is no git (the GPU machine gets the working tree without .git).
+PROJECT_PARTS = ("src", "tests", "benchmarks", "docs", "pyproject.toml", "setup.py", "README.md")
+
+
 def copy_project(destination: Path) -> Path:
     """The tracked files (and untracked, unignored ones) of this checkout, as a fresh tree."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
-                            capture_output=True).stdout.decode().split("\0")
+    try:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                                capture_output=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        listed = [str(path.relative_to(ROOT)) for part in PROJECT_PARTS for path in
+                  ([ROOT / part] if (ROOT / part).is_file() else (ROOT / part).rglob("*"))
+                  if path.is_file() and "__pycache__" not in path.parts]
     for name in filter(None, listed):
         source = ROOT / name
         if source.is_file():
@@ -108,7 +118,8 @@ def check(tree: Path, mutation: Mutation, timeout: float) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--all", action="store_true", help="every mutation, not only the fast subset")
+    parser.add_argument("--all", action="store_true", help="every CPU mutation, not only the fast subset")
+    parser.add_argument("--gpu", action="store_true", help="the GPU mutations (on a GPU machine, run from tests/gpu/run.sh's environment)")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="these mutations only")
     parser.add_argument("--jobs", type=int, default=2, help="mutations run at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation")
@@ -123,8 +134,10 @@ def main() -> int:
             print(f"unknown mutations: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 1
         selected = [m for m in MUTATIONS if m.name in options.only]
+    elif options.gpu:
+        selected = [m for m in MUTATIONS if m.gpu]
     else:
-        selected = [m for m in MUTATIONS if options.all or m.fast]
+        selected = [m for m in MUTATIONS if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:
         trees = [copy_project(Path(scratch) / f"tree{i}") for i in range(max(1, options.jobs))]
