@@ -38,10 +38,10 @@ def unpatched():
 @pytest.fixture
 def target_row():
     """Temporarily make the op behave like another FlashInfer release's row of the targets table."""
-    saved = (ops._target, ops._launchers)
+    saved = (ops._target, ops._launchers, ops._direct_kernels)
 
     def use(target: targets.Target) -> None:
         ops._target = target
 
     yield use
-    ops._target, ops._launchers = saved
+    ops._target, ops._launchers, ops._direct_kernels = saved

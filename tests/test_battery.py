@@ -17,6 +17,7 @@ import torch
 
 from battery import CASES, Case
 from helpers import installed_target
+from fp4_dynamo_shim import ops, preload
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
 #: Where a case is legal on releases that convert the global scale to float32 themselves (0.6.13+).
@@ -105,3 +106,34 @@ def test_options_the_op_cannot_carry_fail_clearly_only_inside_compiled_regions()
     with pytest.raises(Exception) as error:
         compiled(x, scale)
     assert_carries(error.value, NotExpressibleError, "cannot run inside torch.compile")
+
+
+def test_the_direct_path_gives_the_general_paths_result_or_error(monkeypatch):
+    """The replacement's direct path (the common call on a GPU with the kernel) must give every case the
+    result or the error the general path gives. Stand-in: the GPU's JIT entry, which cannot run here; CPU
+    tensors take the direct path with the reference quantizer behind an entry that takes the release's
+    argument order, so a scalar in the wrong place shows up as different bytes."""
+    target = installed_target()
+    entered = []
+
+    def reference_entry(input, global_scale, out_val, out_sf, *scalars):
+        entered.append(True)
+        values = {"is_global_scale_inversed": False, "nvfp4_4over6_code": 0, **dict(zip(target.kernel_args, scalars))}
+        ops.launch_reference(input, global_scale, out_val, out_sf, *(values[name] for name in preload.LAUNCH_SCALARS))
+
+    extra = {"nvfp4_4over6": None} if "nvfp4_4over6" in inspect.signature(flashinfer.fp4_quantize).parameters else {}
+
+    def outcome(case):
+        args, kwargs = case.build("cpu")
+        try:
+            result = flashinfer.fp4_quantize(*args, **{**extra, **kwargs})
+        except Exception as error:
+            return type(error), str(error)
+        return [(t.shape, t.stride(), t.dtype, t.tolist()) for t in result]
+
+    general = {case.name: outcome(case) for case in CASES}
+    assert not entered
+    monkeypatch.setitem(ops._direct_kernels, -1, (reference_entry, True))
+    direct = {case.name: outcome(case) for case in CASES}
+    assert entered, "no case took the direct path"
+    assert direct == general

@@ -39,8 +39,10 @@ class RecordingSpec:
         return self.module
 
 
-@pytest.fixture
-def recording_flashinfer(unpatched, monkeypatch):
+@pytest.fixture(params=["direct", "general"])
+def recording_flashinfer(request, unpatched, monkeypatch):
+    """``direct``: CPU tensors also take the replacement's direct path (the stand-in GPU's kernel entry,
+    counted); ``general``: only the general path through ``ops.quantize`` and the launcher."""
     original = flashinfer.fp4_quantize
     module = sys.modules[original.__module__]
     recorder = RecordingModule()
@@ -54,6 +56,16 @@ def recording_flashinfer(unpatched, monkeypatch):
     assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
     assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
     monkeypatch.setitem(ops._launchers, -1, ops._launchers[0])  # CPU tensors take the stand-in GPU's launcher
+    recorder.direct_calls = 0
+    if request.param == "direct":
+        kernel, enable_pdl_default = ops._direct_kernels[0]
+
+        def counted(*arguments):
+            recorder.direct_calls += 1
+            kernel(*arguments)
+
+        monkeypatch.setitem(ops._direct_kernels, -1, (counted, enable_pdl_default))
+    recorder.mode = request.param
     yield original, recorder
     fp4_dynamo_shim.revert()
     module.get_fp4_quantization_module.cache_clear()
@@ -106,6 +118,15 @@ def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
     expected_outputs = original(x, global_scale, **case)
     shim_outputs = flashinfer.fp4_quantize(x, global_scale, **case)
     (expected, actual) = recorder.calls
+    bound = inspect.signature(original).bind(x, global_scale, **case)
+    bound.apply_defaults()
+    arguments = bound.arguments
+    # The direct path is for the call SGLang makes: NVFP4, swizzled 128x4, row-major (and, on 0.7.1+, an
+    # explicit nvfp4_4over6=None: the default sentinel reads the environment through FlashInfer first).
+    takes_direct_path = recorder.mode == "direct" and not column_major and arguments["sf_vec_size"] == 16 and (
+        not arguments["sf_use_ue8m0"] and arguments["is_sf_swizzled_layout"] and not arguments["is_sf_8x4_layout"]
+        and arguments.get("nvfp4_4over6") is None)
+    assert recorder.direct_calls == int(takes_direct_path)
     # Inputs and scalars: identical. Output buffers (positions 2 and 3): same bytes, dtype and contiguity.
     # The shim allocates them in the shape it returns (saving a view per eager call); every release's
     # kernel entry reads only their data pointers, so their shape is not part of the call.

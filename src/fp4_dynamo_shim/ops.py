@@ -36,12 +36,16 @@ _FLOAT32, _UINT8 = torch.float32, torch.uint8
 #: (-1, i.e. CPU, runs the reference quantizer).
 _target: Optional[Target] = None
 _launchers: dict = {}
+#: ``Tensor.get_device()`` index -> (FlashInfer's JIT ``fp4_quantize``, default ``enable_pdl``) for GPUs whose
+#: launcher calls the kernel: the replacement's direct path for the common call skips ``quantize``.
+_direct_kernels: dict = {}
 
 
 def configure(target: Optional[Target], cuda_launchers: dict) -> None:
-    global _target, _launchers
+    global _target, _launchers, _direct_kernels
     _target = target
     _launchers = {**cuda_launchers, -1: launch_reference}
+    _direct_kernels = {index: launch.direct for index, launch in cuda_launchers.items() if hasattr(launch, "direct")}
 
 
 def active_target() -> Target:

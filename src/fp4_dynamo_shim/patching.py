@@ -129,7 +129,7 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
     resolved = cuda_version.resolve(settings.cuda_version)
     new_get, new_at_least = cuda_version.make_replacements(resolved, cpp_ext.get_cuda_version)
     recipe = wrapper.recipe_for(original, module)
-    replacement = wrapper.build(original, module, recipe)
+    replacement = wrapper.build(original, module, recipe, target)
     family_replaced, family_report = family.build_replacements(version, module, replacement, recipe)
 
     swaps, bindings, restorers = [], [], []

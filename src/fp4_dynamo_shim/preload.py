@@ -72,7 +72,9 @@ def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: b
     )
     namespace = {"kernel": kernel, "enable_pdl_default": enable_pdl_default}
     exec(compile(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", "exec"), namespace)
-    return namespace["launch"]
+    launch = namespace["launch"]
+    launch.direct = (kernel, enable_pdl_default)  # what the replacement's direct path calls (wrapper.py)
+    return launch
 
 
 def make_refusal(device: LoadedDevice) -> Callable:

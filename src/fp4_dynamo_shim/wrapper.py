@@ -25,6 +25,7 @@ import torch
 
 from . import fp4_arithmetic, ops
 from .errors import NotExpressibleError
+from .targets import Target
 
 #: Parameters the core understands, in its positional order, with the value used when a release lacks one.
 CORE_PARAMETERS = {
@@ -130,8 +131,9 @@ def recipe_for(original: Callable, module) -> Optional[Recipe]:
     return Recipe(module, parameters["nvfp4_4over6"].default)
 
 
-def build(original: Callable, module, recipe: Optional[Recipe] = None) -> Callable:
-    """Generate the replacement for ``original`` (defined in ``module``) with its exact signature."""
+def build(original: Callable, module, recipe: Optional[Recipe] = None, target: Optional[Target] = None) -> Callable:
+    """Generate the replacement for ``original`` (defined in ``module``) with its exact signature; with the
+    release's ``target`` row it also gets the direct path for the common call (see ``_direct_path``)."""
     signature = inspect.signature(original)
     unknown = [name for name in signature.parameters if name not in CORE_PARAMETERS]
     if unknown:
@@ -141,7 +143,8 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None) -> Callab
     core = make_core(original, signature.parameters, recipe)
 
     namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": ops.quantize,
-                 "_ops": ops, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS}
+                 "_ops": ops, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS,
+                 "_INPUT_DTYPES": ops.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
     declared = _declare(signature, namespace)
     forwarded = []
     for name, absent_value in CORE_PARAMETERS.items():
@@ -164,7 +167,8 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None) -> Callab
         f"def fp4_quantize(_replacement, {', '.join(declared)}):\n"
         f"    if {' or '.join(needs_core)}:\n"
         f"        return _core({', '.join(forwarded)})\n"
-        "    try:\n"
+        + (_direct_path(target, inversed) if target is not None else "")
+        + "    try:\n"
         "        launch = _ops._launchers.get(input.get_device()) if input.is_cuda else None\n"
         "    except AttributeError:\n"
         "        raise _ops.not_a_tensor('input', input) from None\n"
@@ -172,6 +176,44 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None) -> Callab
         f"                     is_sf_8x4_layout, {inversed}, enable_pdl, 0, launch or _launch_for(input))\n"
     )
     return _finish(source, namespace, original, "fp4_quantize")
+
+
+def _direct_path(target: Target, inversed: str) -> str:
+    """Generated code for the call SGLang makes on every layer: a 2-D row-major input, NVFP4 with swizzled
+    128x4 scale factors, a one-element float32 global scale on the input's device, on a GPU whose FP4
+    kernel is loaded. It allocates what ``ops.quantize`` allocates for that case and calls FlashInfer's JIT
+    entry with the release's argument order, without the two frames in between (about 1 us per call on
+    this project's CPU runner). Anything else, and anything that raises while it looks (a non-tensor, a
+    1-D or 3-D input, no kernel for the device), takes the general path, whose checks and errors are the
+    ones every call had before. The parity and battery tests run both paths.
+    """
+    values = dict(sf_vec_size="16", sf_use_ue8m0="False", is_sf_swizzled_layout="True", is_sf_8x4_layout="False",
+                  is_global_scale_inversed=inversed, enable_pdl="pdl if enable_pdl is None else enable_pdl",
+                  nvfp4_4over6_code="0")
+    if target.swizzled_sf_padded_columns:
+        sf_columns, columns_check = "(columns // 16 + 3) // 4 * 4", ""
+    else:  # these releases view the buffer as (-1, K/16): only K/16 a multiple of 4 has no remainder
+        sf_columns, columns_check = "columns // 16", " or columns % 64"
+    # ``stride() == (columns, 1)`` is row-major and contiguous in one call; the contiguous tensors it
+    # leaves out (a size-1 dimension with another stride) go the general way, as FlashInfer's stride(-2) test.
+    return (
+        "    try:\n"
+        "        device = input.get_device()\n"
+        "        kernel, pdl = _ops._direct_kernels[device]\n"
+        "        rows, columns = input.shape\n"
+        "        direct = not (sf_vec_size != 16 or sf_use_ue8m0 or not is_sf_swizzled_layout or is_sf_8x4_layout\n"
+        f"                      or columns % 16{columns_check} or not rows or input.stride() != (columns, 1)\n"
+        "                      or input.dtype not in _INPUT_DTYPES\n"
+        "                      or global_scale.dtype is not _FLOAT32 or global_scale.numel() != 1\n"
+        "                      or global_scale.get_device() != device or (not input.is_cuda and device >= 0))\n"
+        "    except (AttributeError, KeyError, ValueError):\n"
+        "        direct = False\n"
+        "    if direct:\n"
+        "        out_val = input.new_empty((rows, columns // 2), dtype=_UINT8)\n"
+        f"        out_sf = input.new_empty(((rows + 127) // 128 * 128, {sf_columns}), dtype=_UINT8)\n"
+        f"        kernel(input, global_scale, out_val, out_sf, {', '.join(values[name] for name in target.kernel_args)})\n"
+        "        return out_val, out_sf\n"
+    )
 
 
 def _declare(signature: inspect.Signature, namespace: dict) -> list:
