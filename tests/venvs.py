@@ -53,9 +53,14 @@ def create(root: Path, with_project: bool = True, python: str = sys.executable, 
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
                         "--prefix", str(root / "env"), str(wheel)], check=True, capture_output=True)
     environment = Environment(root)
-    # Dependencies only: appended after the venv's own site-packages (.pth files there are not run);
-    # named to sort before fp4_dynamo_shim.pth, as a real install has wrapt in place before the hook runs.
-    (environment.site / "00_dependencies.pth").write_text("".join(f"{path}\n" for path in dependency_paths()))
+    # Dependencies: appended after the venv's own site-packages (.pth files there are not run). The running
+    # environment may hold an installed copy of this project too, so the file sorts after setuptools'
+    # "__editable__.*.pth" (the editable source must come first on sys.path, or the test runs that copy)
+    # and before fp4_dynamo_shim.pth (a real install has wrapt in place before the hook runs).
+    (environment.site / "dependencies.pth").write_text("".join(f"{path}\n" for path in dependency_paths()))
+    found = environment.run("import fp4_dynamo_shim_hook; print(fp4_dynamo_shim_hook.__file__)").stdout.strip()
+    if with_project and not found.startswith(str(PROJECT / "src") if editable else str(environment.site)):
+        raise RuntimeError(f"the venv at {root} imports the project from {found}, not from its own install")
     return environment
 
 
