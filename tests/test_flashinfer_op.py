@@ -47,6 +47,25 @@ def test_compiled_with_column_major_and_3d_input_matches_eager(shape, column_maj
     assert same(compiled(x, scale), flashinfer.fp4_quantize(x, scale))
 
 
+@pytest.mark.parametrize("shape, column_major", [((64, 256), True), ((2, 64, 256), False), ((2, 128, 64), True)])
+def test_the_ops_fake_gives_the_functions_strides_where_autograd_is_off(shape, column_major):
+    # With autograd on, the repaired autograd kernels run the shim's path even on fake tensors; the fake
+    # itself is what inference mode (SGLang's) and meta tensors reach.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, scale = inputs(shape)
+    if column_major:
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    want = [(o.shape, o.stride(), o.dtype) for o in flashinfer.fp4_quantize(x, scale)]
+    call = lambda t, s: [(o.shape, o.stride(), o.dtype) for o in  # noqa: E731
+                         torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None)]
+    with torch.inference_mode():
+        with FakeTensorMode() as mode:
+            assert call(mode.from_tensor(x), mode.from_tensor(scale)) == want
+        assert call(x.to("meta"), scale.to("meta")) == want
+    assert call(x.to("meta"), scale.to("meta")) == want
+
+
 def test_revert_restores_flashinfers_registrations_exactly():
     fp4_dynamo_shim.revert()
     dispatch_table = torch._C._dispatch_dump("flashinfer::fp4_quantize")

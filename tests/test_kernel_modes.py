@@ -168,6 +168,11 @@ def test_a_compiled_region_reads_the_switches_when_it_runs(no_switches):
         y = torch.zeros(1, 16, dtype=torch.bfloat16)
         y[0, 0] = 4.0
         assert compiled(y, torch.tensor([1.0])).tolist() == [[0x38]]
+        # The error mode too (values as in the error-mode test: an MAE tie keeps 6, MSE picks 4).
+        y[0, :3] = torch.tensor([6.0, 5.0, 4.0])
+        assert compiled(y, torch.tensor([1.0])).tolist() == [[0x38]]
+        no_switches.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "MSE")
+        assert compiled(y, torch.tensor([1.0])).tolist() == [[0x3C]]
 
 
 # --- edges the kernel's arithmetic decides ---------------------------------------------------------------
