@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -59,6 +60,14 @@ print(json.dumps({"applied": status["applied"], "problem": status["problem"], "u
 def pip_install(version: str) -> None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
                     f"flashinfer-python=={version}"], check=True)
+    # Two metadata directories mean an earlier install or uninstall was interrupted: the package directory
+    # then mixes releases and every leg's result is noise (seen here as parity failures that moved
+    # between legs from run to run). Say so instead of writing such a table.
+    site = Path(importlib.util.find_spec("flashinfer").submodule_search_locations[0]).parent
+    records = sorted(path.name for path in site.glob("flashinfer_python-*.dist-info"))
+    if records != [f"flashinfer_python-{version}.dist-info"]:
+        raise SystemExit(f"{site} holds {records} after installing flashinfer-python {version}: the environment "
+                         "mixes releases; remove its flashinfer/ and every flashinfer_python-*.dist-info, reinstall")
 
 
 STAND_IN = ROOT / "tests" / "matrix" / "gpu_query_stand_in"
