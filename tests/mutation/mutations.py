@@ -192,7 +192,7 @@ MUTATIONS = [
              f"{PKG}/verify.py", '_rebound_lines(status["rebound"], verbose)', '_rebound_lines(status["rebound"], True)',
              f"{ROUTES}::test_verify_groups_rebound_names_by_package_and_lists_modules_only_when_verbose"),
     mutation("worker-check-never-fails", "verify's worker check skips instead of failing",
-             f"{PKG}/verify.py", "    raise AssertionError(f\"{' and '.join(asked)}, but {detail}.",
+             f"{PKG}/checks.py", "    raise AssertionError(f\"{' and '.join(asked)}, but {detail}.",
              "    raise Skip(f\"{' and '.join(asked)}, but {detail}.",
              f"{ROUTES}::test_where_no_hook_can_run_the_import_warns_and_verify_fails_the_worker_check", fast=False),
     mutation("import-export-unwarned", "import exports FP4_DYNAMO_SHIM=1 where no hook runs, silently",

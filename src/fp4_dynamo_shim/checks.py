@@ -1,0 +1,327 @@
+"""The checks ``python -m fp4_dynamo_shim.verify`` runs, one function each.
+
+Each check takes the device ("cpu" or "cuda"), returns one line saying what it showed, raises
+:class:`Skip` when it does not apply here and anything else when it failed. ``verify`` runs them in the
+order of :data:`CHECKS` and prints the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import List, Optional
+
+import torch
+import torch._dynamo.testing
+
+import fp4_dynamo_shim
+from fp4_dynamo_shim import ops, sglang, sglang_releases
+
+
+class Skip(Exception):
+    """A check that does not apply here; the message says why."""
+
+
+def _inputs(rows: int, device: str, columns: int = 256):
+    generator = torch.Generator(device=device).manual_seed(rows)
+    x = torch.randn(rows, columns, device=device, dtype=torch.bfloat16, generator=generator)
+    return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+
+
+def _quantize(x, global_scale):
+    import flashinfer
+
+    return flashinfer.fp4_quantize(x, global_scale)
+
+
+def _mode(device: str) -> Optional[str]:
+    """How fp4_quantize runs on ``device``: "reference" on CPU, else the current GPU's preload mode."""
+    if device == "cpu":
+        return "reference"
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status()["devices"] or []}
+    entry = loaded.get(torch.cuda.current_device())
+    return entry["mode"] if entry else None
+
+
+def _computes_values(device: str) -> bool:
+    """Whether outputs on ``device`` hold real values (CPU reference, SM100+ kernel, or the reference fallback)."""
+    return _mode(device) in ("kernel", "reference")
+
+
+def _launches(device: str) -> bool:
+    return _mode(device) not in (None, "refuse")
+
+
+class _TraceOnly:
+    """A torch.compile backend that records graphs and evaluates them on fake tensors, launching nothing.
+
+    Used where the GPU has no FP4 kernel and the shim refuses to run it: tracing is still proven.
+    """
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, graph_module, example_inputs):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.graphs.append(graph_module)
+
+        def run(*args):
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return graph_module(*args)
+
+        return run
+
+
+def _trace_note(device: str) -> str:
+    return "" if _launches(device) else " (traced on fake tensors: no FP4 kernel runs on this GPU)"
+
+
+def check_trace_static(device: str) -> str:
+    x, scale = _inputs(37, device)
+    backend = _TraceOnly()
+    torch.compile(_quantize, fullgraph=True, backend=backend if not _launches(device) else "eager")(x, scale)
+    if _launches(device):
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(_quantize)(x, scale)
+        graphs, breaks = explanation.graph_count, explanation.graph_break_count
+    else:
+        graphs, breaks = len(backend.graphs), 0  # fullgraph=True: any break would have raised
+    if breaks or graphs != 1:
+        raise AssertionError(f"{graphs} graphs, {breaks} graph breaks")
+    return "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + _trace_note(device)
+
+
+def check_trace_dynamic(device: str) -> str:
+    counter = torch._dynamo.testing.CompileCounterWithBackend(_TraceOnly() if not _launches(device) else "eager")
+    compiled = torch.compile(_quantize, fullgraph=True, backend=counter, dynamic=None)
+    sizes = (2, 17, 300)  # M=1 would be specialised by Dynamo's 0/1 rule, as for any tensor
+    for rows in sizes:
+        x, scale = _inputs(rows, device)
+        torch._dynamo.mark_dynamic(x, 0)
+        compiled(x, scale)
+    if counter.frame_count != 1:
+        raise AssertionError(f"{counter.frame_count} compilations for M in {sizes}; expected 1")
+    return f"dim 0 marked dynamic, M in {sizes}: 1 graph, 0 graph breaks, no recompilation" + _trace_note(device)
+
+
+def check_opcheck(device: str) -> str:
+    from torch.library import opcheck
+
+    x, scale = _inputs(64, device)
+    arguments = (x, scale, 16, False, True, False, False, None, 0)
+    if _computes_values(device):
+        opcheck(ops.fp4_quantize_op, arguments)
+        return f"torch.library.opcheck on {ops.NAMESPACE}::{ops.OP_NAME} ({device}): all tests"
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run")
+    opcheck(ops.fp4_quantize_op, arguments, test_utils=("test_schema", "test_faketensor"))
+    return "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"
+
+
+def check_compiled_matches_eager(device: str) -> str:
+    if not _computes_values(device):
+        raise Skip("no FP4 values on this GPU (SM<100); FP4_DYNAMO_SHIM_FALLBACK=reference makes them")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    for rows in (1, 33, 256):
+        x, scale = _inputs(rows, device)
+        for got, want in zip(compiled(x, scale), _quantize(x, scale)):
+            if got.shape != want.shape or got.stride() != want.stride() or not torch.equal(got, want):
+                raise AssertionError(f"M={rows}: compiled output differs from eager")
+    where = "reference quantizer" if _mode(device) == "reference" else "FlashInfer kernel"
+    return f"inductor output equals eager bitwise for M in (1, 33, 256) ({where})"
+
+
+def check_cuda_graph(device: str) -> str:
+    if device != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    x, scale = _inputs(64, device)
+    for _ in range(2):
+        compiled(x, scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outputs = compiled(x, scale)
+    fresh, _ = _inputs(65, device)
+    x.copy_(fresh[:64])
+    graph.replay()
+    torch.cuda.synchronize()
+    if not _computes_values(device):
+        return "captured and replayed (values not compared: the kernel writes nothing on this GPU)"
+    for got, want in zip(static_outputs, _quantize(x, scale)):
+        if not torch.equal(got, want):
+            raise AssertionError("replayed outputs differ from eager on the same inputs")
+    return "captured and replayed; replay outputs equal eager bitwise on fresh inputs"
+
+
+def check_sglang_compile_path(device: str) -> str:
+    described = sglang_releases.describe()
+    if described.get("installed") is None:
+        raise Skip("sglang is not installed")
+    if not described.get("compile_path_check"):
+        raise Skip(f"sglang {described['installed']}: {described.get('note', 'no install_torch_compiled path')}")
+    if device != "cuda":
+        raise Skip("SGLang's piecewise CUDA graph needs a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    outcome = sglang.compile_path_check(compare_values=_computes_values(device))
+    if outcome["replays_equal_eager"] is False:
+        raise AssertionError("replays through SGLang's piecewise CUDA graphs differ from eager")
+    if outcome["cuda_graphs_captured"] < len(outcome["capture_sizes"]):
+        raise AssertionError(f"SGLang captured {outcome['cuda_graphs_captured']} CUDA graphs for capture sizes "
+                             f"{outcome['capture_sizes']}")
+    compared = "equal eager" if outcome["replays_equal_eager"] else "not compared (no FP4 values on this GPU)"
+    return (f"sglang {described['installed']} install_torch_compiled + SGLangBackend, capture sizes "
+            f"{outcome['capture_sizes']}: traced, {outcome['cuda_graphs_captured']} CUDA graphs captured, replayed; "
+            f"outputs {compared}")
+
+
+def family_examples(device: str) -> dict:
+    """name -> (args, kwargs): one valid call of each FP4 family function, inputs built on the CPU (the
+    reference) and moved to ``device``, so that building them needs no FP4 kernel."""
+    import flashinfer
+
+    def on(*tensors):
+        return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+    x, scale = _inputs(32, "cpu", columns=128)
+    packed, sf = flashinfer.fp4_quantize(x, scale)
+    _, sf_linear = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    w, w_scale = _inputs(64, "cpu", columns=128)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
+    mx_packed, mx_sf = flashinfer.fp4_quantize(x, None, 32, True, False)
+    mx_swizzled = flashinfer.fp4_quantize(x, None, 32, True, True)
+    experts = x[:, :64].reshape(2, 16, 64).contiguous()
+    mask = torch.tensor([16, 9], dtype=torch.int32)
+    return {
+        "nvfp4_quantize": (on(x, scale), {}),
+        "mxfp4_quantize": (on(x), {}),
+        "block_scale_interleave": (on(sf_linear), {}),
+        "e2m1_and_ufp8sf_scale_to_float": ((packed, sf.reshape(-1), 1.0 / scale), {}),  # host functions
+        "mxfp4_dequantize": (on(*mx_swizzled), {}),
+        "mxfp4_dequantize_host": ((mx_packed, mx_sf), {}),
+        "nvfp4_batched_quantize": (on(x.view(2, 16, 128), scale), {}),
+        "scaled_fp4_grouped_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "silu_and_mul_scaled_nvfp4_experts_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "mm_fp4": (on(packed, w_packed.t(), sf, w_sf.t(), 1.0 / (scale * w_scale)), {"out_dtype": torch.bfloat16}),
+    }
+
+
+def check_family(device: str) -> str:
+    """Each FP4 family function the shim replaced, called once: a result, the shim's refusal on a GPU with no
+    FP4 kernel, or exactly FlashInfer's own error (what its original function raises for the same call)."""
+    import flashinfer
+
+    from fp4_dynamo_shim import patching
+    from fp4_dynamo_shim.errors import NoFp4KernelError
+
+    replaced = [name for name, state in fp4_dynamo_shim.status()["family"].items() if state.startswith("op-backed")]
+    examples = family_examples(device)
+    outcomes = {"result": [], "refused (no FP4 kernel)": [], "FlashInfer's own error": []}
+    for name in replaced:
+        args, kwargs = examples[name]
+        try:
+            getattr(flashinfer, name)(*args, **kwargs)
+            outcomes["result"].append(name)
+            continue
+        except NoFp4KernelError:
+            outcomes["refused (no FP4 kernel)"].append(name)
+            continue
+        except Exception as error:  # compared with FlashInfer's own outcome below
+            shim_error = error
+        try:
+            patching.original_function(name)(*args, **kwargs)
+        except Exception as error:  # FlashInfer's own refusal, the one acceptable error
+            if type(error) is type(shim_error) and str(error) == str(shim_error):
+                outcomes["FlashInfer's own error"].append(f"{name}: {type(error).__name__}: {str(error)[:80]}")
+                continue
+        raise AssertionError(f"{name}: {type(shim_error).__name__}: {str(shim_error)[:200]} "
+                             "(FlashInfer's own function does not raise this)")
+    summary = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in outcomes.items() if names)
+    return f"{len(replaced)} functions called once on {device}: {summary}"
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """multiprocessing's spawn re-imports the parent's main module in the child (here verify itself, which
+    imports the shim). SGLang's launcher does not import the shim, so the probe child must not either."""
+    import types
+
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+def check_worker_activation(device: str) -> str:
+    """A child started the way SGLang starts its schedulers (multiprocessing spawn, this process's environment,
+    no import of the shim in the child) must end up with the shim active, through the import hook,
+    sitecustomize, or (SGLang >= 0.5.11) the plugin, whenever activation was asked for."""
+    import multiprocessing
+
+    import fp4_dynamo_shim_hook
+
+    state = fp4_dynamo_shim.status()
+    if state["disabled"]:
+        raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
+    release = sglang_releases.release_for(sglang_releases.installed_version())
+    run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
+    with _main_module_hidden():
+        process.start()
+    try:
+        report = queue.get(timeout=600)
+    finally:
+        process.join(timeout=60)
+    routes = {name: path for name, path in state["routes"].items() if path}
+    if report.get("active"):
+        via = report["activated_by"] + (f" ({report['hook_route']} hook)" if report.get("hook_route") else "")
+        return f"a spawned worker applied the shim by itself: {via}"
+    asked = [reason for reason, present in (
+        (f"{fp4_dynamo_shim_hook.HOOK_VARIABLE}={state['children'][fp4_dynamo_shim_hook.HOOK_VARIABLE]}",
+         fp4_dynamo_shim_hook.switch(fp4_dynamo_shim_hook.HOOK_VARIABLE)[0]),
+        ("an installed always-on hook", routes.get("hook_pth") or routes.get("sitecustomize")),
+    ) if present]
+    detail = (f"a spawned worker did NOT apply the shim (hook route in the child: {report.get('hook_route')}; "
+              f"routes installed here: {', '.join(f'{k}={v}' for k, v in routes.items()) or 'none'}"
+              + (f"; {report['error']}" if report.get("error") else "") + ")")
+    if not asked:
+        raise Skip(detail + "; activation was not asked for (FP4_DYNAMO_SHIM is off and no hook is installed)")
+    raise AssertionError(f"{' and '.join(asked)}, but {detail}. Install the package with pip (wheel or -e) or "
+                         "run `fp4-dynamo-shim install-hook`; see docs/usage.md, \"Is it active in my SGLang workers?\"")
+
+
+def check_baseline(device: str) -> str:
+    """Show FlashInfer's own function failing under fullgraph (what the shim fixes)."""
+    if device != "cuda":
+        raise Skip("the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)")
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    try:
+        x, scale = _inputs(16, device)
+        torch.compile(_quantize, fullgraph=True, backend="eager")(x, scale)
+    except Exception as error:  # the point of this check is to show it
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"unpatched: {type(error).__name__}: {first_line[:160]} (expected; the shim fixes this)"
+    finally:
+        torch._dynamo.reset()
+        fp4_dynamo_shim.apply()
+    raise AssertionError("the unpatched function compiled under fullgraph; the shim is not needed here")
+
+
+CHECKS: List[tuple] = [
+    ("trace-static", check_trace_static),
+    ("trace-dynamic", check_trace_dynamic),
+    ("opcheck", check_opcheck),
+    ("compiled-vs-eager", check_compiled_matches_eager),
+    ("cuda-graph", check_cuda_graph),
+    ("sglang-compile", check_sglang_compile_path),
+    ("family", check_family),
+    ("worker-activation", check_worker_activation),
+]
