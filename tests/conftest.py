@@ -45,3 +45,23 @@ def target_row():
 
     yield use
     ops._target, ops._launchers, ops._direct_kernels = saved
+
+
+@pytest.fixture
+def kernel_stand_in(monkeypatch):
+    """The CPU launcher replaced by one that behaves like FlashInfer's JIT entry towards fake tensors: it reads
+    every tensor's data pointer first (which raises for a FakeTensor), then computes with the reference.
+    A stand-in because the JIT entry needs a GPU: on the H200 the same tests run with the real entry
+    (tests/gpu, FP4_DYNAMO_SHIM_FALLBACK=launch). Counts the calls that reached it."""
+    reference = ops._launchers[-1]
+    calls = []
+
+    def kernel_like(*arguments):
+        for argument in arguments:
+            if isinstance(argument, torch.Tensor):
+                argument.data_ptr()
+        calls.append(arguments[0].shape)
+        return reference(*arguments)
+
+    monkeypatch.setitem(ops._launchers, -1, kernel_like)
+    return calls

@@ -54,6 +54,19 @@ def test_dynamic_rows_compile_once_and_match_eager(backend):
     assert counter.frame_count == 1
 
 
+@pytest.mark.parametrize("grad_mode", [torch.enable_grad, torch.inference_mode], ids=["autograd", "inference_mode"])
+def test_the_ops_fake_never_reaches_a_kernel(kernel_stand_in, grad_mode):
+    """Tracing runs the op's fake on fake tensors; only the compiled graph's run reaches the kernel, once,
+    with real tensors (the stand-in raises on a fake tensor as FlashInfer's JIT entry does)."""
+    x, global_scale = inputs(64)
+    with grad_mode():
+        compiled = torch.compile(quantize_forward, fullgraph=True, backend="aot_eager")
+        want = quantize_forward(x, global_scale)
+        del kernel_stand_in[:]
+        assert_same(compiled(x, global_scale), want)
+    assert len(kernel_stand_in) == 1
+
+
 def test_column_major_and_3d_inputs_compile_and_match_eager():
     compiled = torch.compile(
         lambda x, s: flashinfer.fp4_quantize(x, s, is_sf_swizzled_layout=False), fullgraph=True, backend="inductor"

@@ -48,9 +48,9 @@ def test_compiled_with_column_major_and_3d_input_matches_eager(shape, column_maj
 
 
 @pytest.mark.parametrize("shape, column_major", [((64, 256), True), ((2, 64, 256), False), ((2, 128, 64), True)])
-def test_the_ops_fake_gives_the_functions_strides_where_autograd_is_off(shape, column_major):
-    # With autograd on, the repaired autograd kernels run the shim's path even on fake tensors; the fake
-    # itself is what inference mode (SGLang's) and meta tensors reach.
+def test_the_ops_fake_gives_the_functions_strides_with_autograd_on_and_off(shape, column_major):
+    # Fake tensors reach the shim's fake whether autograd is on or off (inference mode: SGLang's), and on meta
+    # tensors: the repaired op's autograd keys fall through instead of running a kernel of their own.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     x, scale = inputs(shape)
@@ -63,7 +63,44 @@ def test_the_ops_fake_gives_the_functions_strides_where_autograd_is_off(shape, c
         with FakeTensorMode() as mode:
             assert call(mode.from_tensor(x), mode.from_tensor(scale)) == want
         assert call(x.to("meta"), scale.to("meta")) == want
+    with FakeTensorMode() as mode:
+        assert call(mode.from_tensor(x), mode.from_tensor(scale)) == want
     assert call(x.to("meta"), scale.to("meta")) == want
+
+
+LAYOUTS = {"row-major": ((64, 256), False), "column-major": ((64, 256), True), "3-D": ((2, 64, 256), False),
+           "3-D column-major": ((2, 128, 64), True)}
+GRAD_MODES = {"autograd": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@pytest.mark.parametrize("grad_mode", GRAD_MODES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("enable_pdl", [None, False, True])
+def test_the_repaired_ops_fake_never_reaches_a_kernel(kernel_stand_in, layout, grad_mode, enable_pdl):
+    """FlashInfer's documented torch.compile route, with a kernel that cannot take fake tensors: compiled
+    with fullgraph it gives the function's outputs, and the kernel ran only on real tensors (one call per
+    eager run, none while tracing)."""
+    shape, column_major = LAYOUTS[layout]
+    x, scale = inputs(shape)
+    if column_major:
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    for is_sf_8x4_layout in (False, True):
+        torch._dynamo.reset()
+        call = lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, is_sf_8x4_layout,  # noqa: E731
+                                                              enable_pdl)
+        with GRAD_MODES[grad_mode]():
+            want = flashinfer.fp4_quantize(x, scale, is_sf_8x4_layout=is_sf_8x4_layout)
+            del kernel_stand_in[:]
+            got = torch.compile(call, fullgraph=True, backend="aot_eager")(x, scale)
+        assert same(got, want), (layout, is_sf_8x4_layout)
+        assert len(kernel_stand_in) == 1, kernel_stand_in
+
+
+def test_verify_compiles_flashinfers_op_with_a_kernel_that_cannot_take_fake_tensors(kernel_stand_in):
+    from fp4_dynamo_shim import checks
+
+    assert "column-major, 3-D" in checks.check_flashinfer_op("cpu")
+    assert kernel_stand_in  # the check ran the op for real, through the kernel
 
 
 def test_revert_restores_flashinfers_registrations_exactly():

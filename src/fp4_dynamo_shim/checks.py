@@ -156,6 +156,48 @@ def check_cuda_graph(device: str) -> str:
     return "captured and replayed; replay outputs equal eager bitwise on fresh inputs"
 
 
+def check_flashinfer_op(device: str) -> str:
+    """FlashInfer's own ``torch.ops.flashinfer.fp4_quantize`` (0.6.12+), repaired by the shim: compiled with
+    fullgraph on row-major, column-major and 3-D input, its outputs' shapes and strides equal the function's
+    (and their values, where this device computes them); on a GPU also captured and replayed."""
+    from fp4_dynamo_shim import flashinfer_op
+
+    if not flashinfer_op.flashinfer_has_op():
+        raise Skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    op = torch.ops.flashinfer.fp4_quantize
+
+    def call(t, s):
+        return op(t, s, 16, False, True, False, None)
+
+    compiled = torch.compile(call, fullgraph=True, backend="inductor")
+    x, scale = _inputs(64, device)
+    compiled(x, scale)  # compiled and warmed up on row-major input before the other layouts and the capture
+    values = _computes_values(device)
+    for name, t in (("row-major", x), ("column-major", x.t().contiguous().t()), ("3-D", x.view(2, 32, -1))):
+        got, want = compiled(t, scale), _quantize(t, scale)
+        for g, w in zip(got, want):
+            if g.shape != w.shape or g.stride() != w.stride() or g.dtype != w.dtype:
+                raise AssertionError(f"{name}: compiled op gives {tuple(g.shape)}/{g.stride()}, the function "
+                                     f"{tuple(w.shape)}/{w.stride()}")
+            if values and not torch.equal(g, w):
+                raise AssertionError(f"{name}: the compiled op's values differ from flashinfer.fp4_quantize's")
+    detail = "compiled with fullgraph (row-major, column-major, 3-D): outputs equal the function's"
+    detail += " bitwise" if values else " in shape, stride and dtype (no FP4 values on this GPU)"
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = compiled(x, scale)
+        x.copy_(_inputs(65, device)[0][:64])
+        graph.replay()
+        torch.cuda.synchronize()
+        if values and not all(torch.equal(g, w) for g, w in zip(static, _quantize(x, scale))):
+            raise AssertionError("the op's replayed CUDA graph differs from eager on the same inputs")
+        detail += "; captured and replayed" + (" (replay equals eager)" if values else "")
+    return detail
+
+
 def check_sglang_compile_path(device: str) -> str:
     described = sglang_releases.describe()
     if described.get("installed") is None:
@@ -321,6 +363,7 @@ CHECKS: List[tuple] = [
     ("opcheck", check_opcheck),
     ("compiled-vs-eager", check_compiled_matches_eager),
     ("cuda-graph", check_cuda_graph),
+    ("flashinfer-op", check_flashinfer_op),
     ("sglang-compile", check_sglang_compile_path),
     ("family", check_family),
     ("worker-activation", check_worker_activation),

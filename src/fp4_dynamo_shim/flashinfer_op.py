@@ -10,9 +10,13 @@ measured on CPU and on the H200):
   views, so ``torch.compile(fullgraph=True)`` fails on such input (every release up to 0.7.4);
 * ``torch.library.custom_op``'s Python autograd layer costs more per call than the whole shim path.
 
-The repair registers, in a ``Library`` fragment of FlashInfer's namespace, kernels for CPU, CUDA and their
-autograd keys that run the shim's path with the op's own schema (the autograd keys skip custom_op's
-Python layer: FP4 quantization has no gradient), and the shim's exact fake. Destroying the fragment puts
+The repair registers, in a ``Library`` fragment of FlashInfer's namespace, kernels for CPU and CUDA that
+run the shim's path with the op's own schema, the shim's exact fake, and a fallthrough on the autograd
+keys: custom_op's Python autograd layer is skipped (FP4 quantization has no gradient, and the layer costs
+more than the shim's path), and the dispatcher goes on to the next key, so fake tensors reach the fake
+and real ones the kernel. An autograd kernel that ran the shim's path itself would hand fake tensors
+straight to FlashInfer's JIT entry under torch.compile ("Cannot access data pointer of Tensor"); with
+the CPU reference, which computes on fake tensors, that went unseen. Destroying the fragment puts
 FlashInfer's registrations back exactly as they were; ``revert()`` does that.
 """
 
@@ -29,8 +33,10 @@ logger = logging.getLogger(__name__)
 
 NAME = "fp4_quantize"
 QUALIFIED = f"flashinfer::{NAME}"
-#: Kernels registered over FlashInfer's: the backends, and the autograd keys custom_op puts its Python layer on.
-DISPATCH_KEYS = ("CPU", "CUDA", "AutogradCPU", "AutogradCUDA")
+#: Kernels registered over FlashInfer's (the shim's path).
+KERNEL_KEYS = ("CPU", "CUDA")
+#: Keys where custom_op put its Python autograd layer, registered as fallthrough: never a kernel of their own.
+FALLTHROUGH_KEYS = ("AutogradCPU", "AutogradCUDA")
 PARAMETERS = ("input", "global_scale", "sf_vec_size", "sf_use_ue8m0", "is_sf_swizzled_layout", "is_sf_8x4_layout",
               "enable_pdl", "nvfp4_4over6_code")
 DEFAULTS = {"global_scale": None, "sf_vec_size": 16, "sf_use_ue8m0": False, "is_sf_swizzled_layout": True,
@@ -83,8 +89,10 @@ def repair(target, module, recipe) -> Optional[Callable]:
     library = torch.library.Library("flashinfer", "FRAGMENT")
     try:
         kernel = _make_kernel(module, recipe)
-        for key in DISPATCH_KEYS:
+        for key in KERNEL_KEYS:
             library.impl(NAME, kernel, key)
+        for key in FALLTHROUGH_KEYS:
+            library.impl(NAME, torch.library.fallthrough_kernel, key)
         library._register_fake(NAME, _fake, allow_override=True)
     except BaseException:
         library._destroy()
