@@ -49,7 +49,7 @@ case "${1:-}" in
   flashinfer)
     download ".fi${2:?version}" "flashinfer-python==$2" apache-tvm-ffi==0.1.15.post2 ;;
   shim)
-    python3 -m pip wheel -q --no-deps --no-build-isolation -w .ourwheel . ;;
+    python3 -m pip wheel -q --no-deps -w .ourwheel . ;;  # build isolation: a fresh venv has only pip
   *)
     sed -n '2,17p' "$0"; exit 3 ;;
 esac

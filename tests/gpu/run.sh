@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU proof in one command, on the GPU machine (see tests/gpu/fetch.sh for what it needs there):
 #   bash tests/gpu/run.sh [pytest arguments]
+#   bash tests/gpu/run.sh --mutations [run_mutations.py arguments]   # the GPU mutations, same environment
 # When present: installs the carried wheels of .whl/ (FlashInfer, SGLang and what they import) into
 # $FP4_DYNAMO_SHIM_TEST_SITE (default /tmp/site) and puts that first on PYTHONPATH; installs this project's
 # wheel (.ourwheel/) into the interpreter's own site-packages, because the .pth hook and the plugin entry
@@ -21,4 +22,8 @@ fi
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD/src
 python3 -c "import sgl_kernel" 2> /dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/tests/gpu/stand_ins
 export FLASHINFER_NVCC_THREADS=${FLASHINFER_NVCC_THREADS:-4} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+if [ "${1:-}" = "--mutations" ]; then
+  shift
+  exec python3 tests/mutation/run_mutations.py --gpu "$@"
+fi
 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu "$@"

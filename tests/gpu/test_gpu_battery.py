@@ -32,7 +32,7 @@ def stale_cuda_error():
 
 
 @pytest.mark.parametrize("case", CASES + GPU_CASES, ids=lambda c: c.name)
-def test_never_less_strict_than_flashinfer(case: Case, launch_mode):
+def test_never_less_strict_than_flashinfer(case: Case, device_mode):
     original = patching.original_function()
     target = targets.target_for(patching.flashinfer_version())
     args, kwargs = case.build("cuda")

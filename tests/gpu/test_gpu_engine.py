@@ -20,7 +20,8 @@ compute FP4 values with its reference (the FP4 kernels have no SM90 body). All c
 one GPU. Nothing asserts a time; capture and first-token times go to the report.
 
 Needs SGLang 0.5.11 with its real sgl_kernel, and the shim installed as a wheel in a site directory (its
-.pth and entry point); ``tests/gpu/fetch_sglang.sh`` says how to bring them to the GPU machine.
+.pth and entry point): ``bash tests/gpu/fetch.sh engine`` and ``bash tests/gpu/fetch.sh shim`` bring them to
+the GPU machine, ``bash tests/gpu/stage.sh`` installs them there.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The FP4 family on a real GPU: fullgraph traces with real launches; values where SM90 computes them.
+"""The FP4 family on a real GPU, in both device modes (see gpu_support).
 
-On SM90 the interleave kernel and the host-side dequantize code run for real (their values are compared
-with FlashInfer's own functions and with the references); the arch-guarded quantize kernels launch and
-write nothing, so in launch mode only shapes, strides and dtypes are compared, and values come from the
-reference fallback. mm_fp4 runs its CUDA path for real: FlashInfer's own error where it has no backend
-(SM90), the reference's values with FP4_DYNAMO_SHIM_FALLBACK=reference.
+On SM90 the interleave kernel and the host-side dequantize code run for real in either mode (their values
+are compared with FlashInfer's own functions and with the references); the arch-guarded quantize kernels
+launch and write nothing, so on the kernel branch only shapes, strides, dtypes, capture and the branch
+itself are checked, and values come from the reference branch. mm_fp4 runs its CUDA path for real:
+FlashInfer's own error where it has no backend (SM90), the reference's values on the reference branch.
 """
 
 from __future__ import annotations
@@ -16,22 +16,11 @@ import torch
 import fp4_dynamo_shim
 from fp4_dynamo_shim import family_ops, patching, reference
 from fp4_dynamo_shim.errors import NoFp4KernelError
-from gpu_support import has_fp4_kernel
+from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_breaks
 
 
 def present(name):
     return fp4_dynamo_shim.status()["family"].get(name, "").startswith("op-backed")
-
-
-def meta(result):
-    items = list(result) if isinstance(result, (tuple, list)) else [result]
-    return [(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in items]
-
-
-def no_breaks(function, *args):
-    explanation = torch._dynamo.explain(function)(*args)
-    torch._dynamo.reset()
-    return (explanation.graph_count, explanation.graph_break_count) == (1, 0)
 
 
 def quantized(rows=64, columns=256):
@@ -39,14 +28,20 @@ def quantized(rows=64, columns=256):
     return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
 
 
-def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_reference(launch_mode):
+def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_reference(device_mode):
+    """The interleave kernel has a body on every GPU: FlashInfer's kernel runs in both modes."""
     original = patching.original_function("block_scale_interleave")
     for sf in (torch.randint(0, 255, (130, 7), dtype=torch.uint8, device="cuda"),
                torch.randn(3, 129, 12, device="cuda").to(torch.bfloat16)):
-        got = torch.compile(flashinfer.block_scale_interleave, fullgraph=True, backend="inductor")(sf)
+        compiled = torch.compile(flashinfer.block_scale_interleave, fullgraph=True, backend="inductor")
+        device_mode.branches.reset()
+        got = compiled(sf)
+        assert device_mode.branches["family:block_scale_interleave_sm100"] == 1, dict(device_mode.branches.counts)
         assert torch.equal(got, original(sf))
         assert torch.equal(got.cpu(), family_ops.op("block_scale_interleave")(sf.cpu()))
         assert no_breaks(flashinfer.block_scale_interleave, sf)
+        captured, graph = capture_and_replay(compiled, sf)
+        assert torch.equal(captured, original(sf))
 
 
 def test_host_dequantize_helpers_match_flashinfers_host_code(reference_mode):
@@ -77,15 +72,27 @@ QUANTIZERS = [
 ]
 
 
+#: Quantizers the shim computes through its fp4_quantize op (the rest through their own family op).
+THROUGH_FP4_QUANTIZE = {"nvfp4_quantize", "mxfp4_quantize"}
+
+
 @pytest.mark.parametrize("name, arguments, keywords", QUANTIZERS, ids=[q[0] for q in QUANTIZERS])
-def test_quantizers_trace_and_launch_the_real_kernel_with_flashinfers_shapes(name, arguments, keywords, launch_mode):
+def test_quantizers_trace_capture_and_replay_with_flashinfers_shapes(name, arguments, keywords, device_mode):
     if not present(name):
         pytest.skip(f"this FlashInfer has no {name}")
     function, original = getattr(flashinfer, name), patching.original_function(name)
     args = arguments(*quantized())
     assert no_breaks(lambda *a: function(*a, **keywords), *args)
     compiled = torch.compile(lambda *a: function(*a, **keywords), fullgraph=True, backend="inductor")
-    assert meta(compiled(*args)) == meta(function(*args, **keywords)) == meta(original(*args, **keywords))
+    device_mode.branches.reset()
+    got = compiled(*args)
+    device_mode.assert_branch(family=name not in THROUGH_FP4_QUANTIZE)
+    assert meta(got) == meta(function(*args, **keywords)) == meta(original(*args, **keywords))
+    captured, graph = capture_and_replay(compiled, *args)
+    assert meta(captured) == meta(got)
+    if device_mode.computes_values:
+        expected = function(*args, **keywords)
+        assert all(torch.equal(c.view(torch.uint8), e.view(torch.uint8)) for c, e in zip(captured, expected))
 
 
 def test_quantizers_refuse_by_default_below_sm100():
@@ -99,6 +106,7 @@ def test_quantizers_refuse_by_default_below_sm100():
 @pytest.mark.parametrize("name, arguments, keywords", QUANTIZERS, ids=[q[0] for q in QUANTIZERS])
 def test_quantizers_give_the_references_values_with_the_reference_fallback(name, arguments, keywords,
                                                                            reference_mode):
+    """Values, which only the reference branch has on SM90."""
     if not present(name):
         pytest.skip(f"this FlashInfer has no {name}")
     function = getattr(flashinfer, name)
@@ -125,9 +133,10 @@ def _mm_fp4_operands():
     return [t.cuda() for t in (a, weight.t(), a_sf, w_sf.t())]
 
 
-def test_mm_fp4_cuda_path_gives_flashinfers_own_outcome():
+def test_mm_fp4_cuda_path_gives_flashinfers_own_outcome(kernel_mode):
     """The op's CUDA kernel calls FlashInfer's mm_fp4 itself: its result, or its own error (SM90 has no
-    FP4 GEMM backend), never a RecursionError from the shim calling itself."""
+    FP4 GEMM backend), never a RecursionError from the shim calling itself. Kernel branch only: the
+    reference branch computes a product where FlashInfer has none."""
     if not present("mm_fp4"):
         pytest.skip("this FlashInfer has no mm_fp4")
     operands = _mm_fp4_operands()
@@ -146,6 +155,7 @@ def test_mm_fp4_cuda_path_gives_flashinfers_own_outcome():
 
 
 def test_mm_fp4_with_the_reference_fallback_computes_the_product(reference_mode):
+    """Values, which only the reference branch has on SM90 (FlashInfer has no FP4 GEMM backend there)."""
     if not present("mm_fp4"):
         pytest.skip("this FlashInfer has no mm_fp4")
     operands = _mm_fp4_operands()
@@ -162,22 +172,3 @@ def test_mm_fp4_with_the_reference_fallback_computes_the_product(reference_mode)
     graph.replay()
     torch.cuda.synchronize()
     assert captured.float().cpu().tolist() == [[16.0, 4.0]]
-
-
-def test_flashinfers_own_op_runs_with_enable_pdl_none_and_gives_the_functions_values(reference_mode):
-    """FlashInfer's torch.ops.flashinfer.fp4_quantize, repaired by the shim: FlashInfer's own body passes
-    None into the JIT entry's bool (a TypeError there, with or without the shim) and enable_pdl=True into
-    is_global_scale_inversed (0.6.12-0.7.0)."""
-    from fp4_dynamo_shim import flashinfer_op
-
-    if not flashinfer_op.flashinfer_has_op():
-        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
-    x, scale = quantized()
-    want = flashinfer.fp4_quantize(x, scale)
-    for enable_pdl in (None, False, True):
-        got = torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, enable_pdl)
-        assert all(torch.equal(g, w) for g, w in zip(got, want)), enable_pdl
-    column_major = x.t().contiguous().t()
-    compiled = torch.compile(lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None),
-                             fullgraph=True, backend="inductor")
-    assert meta(compiled(column_major, scale)) == meta(flashinfer.fp4_quantize(column_major, scale))

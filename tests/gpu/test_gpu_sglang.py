@@ -14,7 +14,6 @@ import torch
 
 import fp4_dynamo_shim
 from fp4_dynamo_shim import patching, sglang, sglang_releases
-from gpu_support import has_fp4_kernel
 
 release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.skipif(release is None or not release.compile_path_chec
                                        "0.5.11's real engine is tests/gpu/test_gpu_engine.py")
 
 
-def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(launch_mode):
+def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(kernel_mode):
     fp4_dynamo_shim.revert()
     torch._dynamo.reset()
     try:
@@ -33,16 +32,11 @@ def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(la
         assert fp4_dynamo_shim.apply()
 
 
-def test_with_the_shim_sglang_traces_captures_and_replays_the_real_kernel_launch(launch_mode):
-    outcome = sglang.compile_path_check(compare_values=has_fp4_kernel())
+def test_with_the_shim_sglang_traces_captures_and_replays(device_mode):
+    outcome = sglang.compile_path_check(compare_values=device_mode.computes_values)
+    device_mode.assert_branch()
     assert outcome["cuda_graphs_captured"] >= 3  # one graph per capture size at least: SGLang captured them
-    assert outcome["replays_equal_eager"] is (True if has_fp4_kernel() else None)
-
-
-def test_with_the_reference_fallback_sglang_replays_equal_eager(reference_mode):
-    outcome = sglang.compile_path_check(compare_values=True)
-    assert outcome["cuda_graphs_captured"] >= 3
-    assert outcome["replays_equal_eager"] is True
+    assert outcome["replays_equal_eager"] is (True if device_mode.computes_values else None)
 
 
 BOUND_AT_IMPORT = """
@@ -63,7 +57,7 @@ class Fp4Linear(torch.nn.Module):
 """
 
 
-def test_module_global_bound_before_the_shim_fails_unpatched_and_passes_rebound(launch_mode, tmp_path, monkeypatch):
+def test_module_global_bound_before_the_shim_fails_unpatched_and_passes_rebound(device_mode, tmp_path, monkeypatch):
     """The binding pattern of SGLang's ModelOptFp4LinearMethod (module-level `from flashinfer import
     fp4_quantize`) through SGLang's compile path, with a small model (see the modelopt test below)."""
     (tmp_path / "bound_at_import.py").write_text(BOUND_AT_IMPORT)
@@ -78,12 +72,16 @@ def test_module_global_bound_before_the_shim_fails_unpatched_and_passes_rebound(
         torch._dynamo.reset()
         assert fp4_dynamo_shim.apply()
     assert getattr(module.fp4_quantize, "__fp4_dynamo_shim__", False)  # rebound by identity
-    outcome = sglang.compile_path_check(compare_values=False, block=module.Fp4Linear(256))
+    device_mode.branches.reset()
+    outcome = sglang.compile_path_check(compare_values=device_mode.computes_values, block=module.Fp4Linear(256))
+    device_mode.assert_branch()
     assert outcome["cuda_graphs_captured"] >= 3
+    assert outcome["replays_equal_eager"] is (True if device_mode.computes_values else None)
 
 
 def test_modelopt_fp4_linear_apply_traces_and_computes_with_fp4_quantize_bound_as_on_sm12x(reference_mode, monkeypatch):
     """SGLang's ModelOptFp4LinearMethod.apply, with its module global bound to FlashInfer's function.
+    Reference branch only: the layer's FP4 GEMM (FlashInfer's mm_fp4) has no backend on SM90.
 
     On SM12x SGLang binds `fp4_quantize` to flashinfer's; on SM90 it would bind sgl_kernel's, so the test
     binds FlashInfer's original itself and lets the shim rebind it by identity. The FP4 GEMM (SGLang's
