@@ -137,6 +137,18 @@ class DeviceMode:
         """Whether FP4 outputs hold real values in this mode on this GPU."""
         return self.name == "reference" or has_fp4_kernel()
 
+    @contextlib.contextmanager
+    def recording(self):
+        """Count afresh for the block: a test that reverts and re-applies the shim gets new launchers, which
+        the recorder the fixture started does not see."""
+        previous = self.branches
+        with recording_branches() as branches:
+            self.branches = branches
+            try:
+                yield branches
+            finally:
+                self.branches = previous
+
     def assert_branch(self, family: bool = False) -> None:
         """The calls since the last reset took this mode's branch (and reached something at all)."""
         counts = dict(self.branches.counts)
