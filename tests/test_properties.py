@@ -297,10 +297,10 @@ def test_dequantize_matches_the_oracles_decode(data, ufp8_type, layout_choice, g
         torch.tensor(codes, dtype=torch.uint8), torch.tensor(flat, dtype=torch.uint8), torch.tensor([g]), sf_vec_size,
         ufp8_type, layout_choice != "linear", layout_choice == "8x4")
 
-    def scale_of(byte):
+    def scale_of(byte):  # fp4Op.cpp: float scaleFloat, then scaleFloat *= globalScaleVal (1 unless type 1)
         if ufp8_type == 0:  # uint32(byte) << 23 read as float: 2^(byte - 127), byte 0 -> 0
             return 0.0 if byte == 0 else 2.0 ** (byte - 127)
-        return fp4_oracle.e4m3_value(byte) * (_f32(g) if ufp8_type == 1 else 1.0)
+        return _f32(fp4_oracle.e4m3_value(byte) * (_f32(g) if ufp8_type == 1 else 1.0))
 
     want = [[_f32(fp4_oracle.e2m1_value((codes[r][i // 2] >> (4 * (i % 2))) & 0xF) * scale_of(scales[r][i // sf_vec_size]))
              for i in range(sf_columns * sf_vec_size)] for r in range(rows)]
