@@ -3,12 +3,28 @@ stand-ins (for pieces that need a GPU) say so where they are used."""
 
 from __future__ import annotations
 
+import os
+
+import hypothesis
 import pytest
 import torch
 
 import fp4_dynamo_shim
 from fp4_dynamo_shim import ops, patching, targets
 from fp4_dynamo_shim.config import Settings
+
+if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tests/mutation/run_mutmut.py)
+    import mutmut_support
+
+    mutmut_support.make_trampolines_traceable()
+
+# Property tests (tests/test_properties.py): fixed examples everywhere; "ci" bounds their number, "long" is
+# the documented longer run (docs/testing.md). --hypothesis-profile=long picks it.
+hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, deadline=None, database=None,
+                                     print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
+hypothesis.settings.register_profile("long", max_examples=400, derandomize=True, deadline=None, database=None,
+                                     print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
+hypothesis.settings.load_profile("ci")
 
 
 @pytest.fixture(autouse=True)

@@ -180,13 +180,16 @@ def e4m3_round(scale: torch.Tensor) -> tuple:
 
 
 def e8m0_round_up(scale: torch.Tensor) -> tuple:
-    """``cvt.rp.satfinite.ue8m0x2.f32``: (byte, value), the smallest 2^(byte-127) >= scale; byte 0 for
-    (0, 2^-127] and 0, 254 for +inf and anything above 2^127, 255 for NaN."""
-    mantissa, exponent = torch.frexp(scale)
+    """``cvt.rp.satfinite.ue8m0x2.f32``: (byte, value), the smallest 2^(byte-127) >= |scale|; byte 0 for
+    (0, 2^-127] and 0, 254 for infinities and anything above 2^127, 255 for NaN. The magnitude, as in
+    cuda_fp8.hpp's ``__nv_cvt_float_to_e8m0`` (it clears the sign bit first): a negative scale comes only
+    from FP8 input with a negative global scale."""
+    magnitude = scale.abs()
+    mantissa, exponent = torch.frexp(magnitude)
     # scale = mantissa * 2**exponent with mantissa in [0.5, 1): a power of two has mantissa 0.5.
     ceil_log2 = torch.where(mantissa == 0.5, exponent - 1, exponent)
     biased = (ceil_log2 + E8M0_BIAS).clamp(0, 254)
-    biased = torch.where(scale > 0, biased, torch.zeros_like(biased))
+    biased = torch.where(magnitude > 0, biased, torch.zeros_like(biased))
     biased = torch.where(torch.isinf(scale), torch.full_like(biased, 254), biased)
     biased = torch.where(torch.isnan(scale), torch.full_like(biased, E8M0_NAN), biased)
     value = torch.ldexp(torch.ones_like(scale), (biased - E8M0_BIAS).to(torch.float32))
