@@ -1,4 +1,5 @@
-"""Facts read off every SGLang wheel from 0.5.3.post1 to 0.5.23, for ``tests/test_sglang_releases.py``.
+"""Facts read off every SGLang wheel from 0.5.3.post1 to 0.5.23, for ``tests/test_sglang_releases.py``;
+and verbatim copies of the few SGLang files ``tests/test_sglang_wrapper.py`` runs (``tests/sglang_sources``).
 
     python tests/sglang_facts.py [--wheels DIR]          # rewrite tests/sglang_facts.json
     python tests/sglang_facts.py [--wheels DIR] --check  # exit 1 if the committed file differs
@@ -9,6 +10,12 @@ Downloads each release's wheel once (``pip download --no-deps``, about 600 MB fo
 where a scheduler imports its FP4 modules and loads plugins, the raw FlashInfer calls of the opt-in paths,
 and the pins in METADATA. The JSON is committed so that CI checks the table against it without downloading
 the wheels; run this after adding a release (and add the release to ``RELEASES``).
+
+For ``SOURCE_RELEASES`` it also copies, byte for byte, SGLang's ``fp4_utils.py`` (the FP4 wrapper op),
+``utils/custom_op.py`` and ``kernel_api_logging.py`` (how that op is registered and bound), the wheel's
+LICENSE, and an excerpt of ``utils/common.py`` (``sglang_lib`` and ``direct_register_custom_op``, the lines
+named in the excerpt's first line): SGLang's ``common.py`` imports triton, torchvision and more, which a CPU
+test environment does not have, so the test loads these files instead of the package.
 """
 
 from __future__ import annotations
@@ -26,6 +33,12 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from fp4_dynamo_shim import sglang_source  # noqa: E402
 
 FACTS_FILE = HERE / "sglang_facts.json"
+SOURCES = HERE / "sglang_sources"
+#: Releases whose FP4 wrapper the CPU tests run: 0.5.14 (the GPU machine's torch, tc_piecewise by default)
+#: and 0.5.21 (the last with tc_piecewise; fp4_utils reads the platform from runtime_context).
+SOURCE_RELEASES = ("0.5.14", "0.5.21")
+VERBATIM = ("sglang/srt/layers/quantization/fp4_utils.py", "sglang/srt/utils/custom_op.py")
+EXCERPT = "sglang/srt/utils/common_excerpt.py"
 #: Every release on PyPI in the range, in order.
 RELEASES = (
     "0.5.3.post1", "0.5.3.post2", "0.5.3.post3", "0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3", "0.5.5",
@@ -59,6 +72,43 @@ def read_wheel(path: Path) -> dict:
     return facts
 
 
+def _excerpt(common: str) -> str:
+    """``sglang_lib = Library("sglang", "FRAGMENT")`` and ``def direct_register_custom_op``, verbatim."""
+    import ast
+
+    tree = ast.parse(common)
+    lines = common.splitlines(keepends=True)
+    spans = [(node.lineno, node.end_lineno) for node in tree.body
+             if (isinstance(node, ast.FunctionDef) and node.name == "direct_register_custom_op")
+             or (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "sglang_lib" for t in node.targets))]
+    header = "# sglang/srt/utils/common.py, lines " + ", ".join(f"{a}-{b}" for a, b in spans) + " (verbatim)\n"
+    return header + "".join("".join(lines[a - 1:b]) + "\n" for a, b in spans)
+
+
+def sources(version: str, wheel: Path) -> dict:
+    """{path under tests/sglang_sources/<version>: text} for one release."""
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+
+        def text(name):
+            return archive.read(name).decode("utf-8")
+
+        found = {name: text(name) for name in VERBATIM}
+        logging_module = next(line.split()[1] for line in found["sglang/srt/utils/custom_op.py"].splitlines()
+                              if line.startswith("from sglang") and "kernel_api_logging" in line)
+        logging_path = logging_module.replace(".", "/") + ".py"
+        found[logging_path] = text(logging_path)
+        found[EXCERPT] = _excerpt(text("sglang/srt/utils/common.py"))
+        (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+        found["LICENSE"] = text(license_name)
+    return found
+
+
+def all_sources(wheels: Path) -> dict:
+    return {f"{version}/{path}": text for version in SOURCE_RELEASES
+            for path, text in sources(version, wheel_for(version, wheels)).items()}
+
+
 def generate(wheels: Path) -> dict:
     wheels.mkdir(parents=True, exist_ok=True)
     return {version: read_wheel(wheel_for(version, wheels)) for version in RELEASES}
@@ -71,14 +121,21 @@ def main() -> int:
     options = parser.parse_args()
     facts = {version: dict(sorted(found.items())) for version, found in generate(options.wheels).items()}
     text = json.dumps(facts, indent=1) + "\n"
+    copies = all_sources(options.wheels)
     if options.check:
-        if FACTS_FILE.read_text() != text:
-            print(f"{FACTS_FILE} differs from what the wheels say; rerun without --check", file=sys.stderr)
+        stale = [str(FACTS_FILE)] if FACTS_FILE.read_text() != text else []
+        stale += [path for path, content in copies.items()
+                  if not (SOURCES / path).exists() or (SOURCES / path).read_text() != content]
+        if stale:
+            print(f"differs from what the wheels say (rerun without --check): {', '.join(stale)}", file=sys.stderr)
             return 1
-        print(f"{FACTS_FILE}: matches the wheels of {len(RELEASES)} releases")
+        print(f"{FACTS_FILE} and {SOURCES}: match the wheels of {len(RELEASES)} releases")
         return 0
     FACTS_FILE.write_text(text)
-    print(f"wrote {FACTS_FILE} ({len(RELEASES)} releases)")
+    for path, content in copies.items():
+        (SOURCES / path).parent.mkdir(parents=True, exist_ok=True)
+        (SOURCES / path).write_text(content)
+    print(f"wrote {FACTS_FILE} ({len(RELEASES)} releases) and {len(copies)} files under {SOURCES}")
     return 0
 
 
