@@ -11,11 +11,12 @@ where a scheduler imports its FP4 modules and loads plugins, the raw FlashInfer 
 and the pins in METADATA. The JSON is committed so that CI checks the table against it without downloading
 the wheels; run this after adding a release (and add the release to ``RELEASES``).
 
-For ``SOURCE_RELEASES`` it also copies, byte for byte, SGLang's ``fp4_utils.py`` (the FP4 wrapper op),
+For ``SOURCE_RELEASES`` and ``MLP_RELEASES`` it also copies, byte for byte, SGLang's ``fp4_utils.py`` (the FP4 wrapper op),
 ``utils/custom_op.py`` and ``kernel_api_logging.py`` (how that op is registered and bound), the wheel's
 LICENSE, and an excerpt of ``utils/common.py`` (``sglang_lib`` and ``direct_register_custom_op``, the lines
 named in the excerpt's first line): SGLang's ``common.py`` imports triton, torchvision and more, which a CPU
-test environment does not have, so the test loads these files instead of the package.
+test environment does not have, so the test loads these files instead of the package. For ``MLP_RELEASES``
+also the Qwen3.5 NVFP4 dense MLP's fused path (``tests/test_sglang_qwen3_5.py``), excerpted the same way.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ SOURCES = HERE / "sglang_sources"
 SOURCE_RELEASES = ("0.5.14", "0.5.21")
 VERBATIM = ("sglang/srt/layers/quantization/fp4_utils.py", "sglang/srt/utils/custom_op.py")
 EXCERPT = "sglang/srt/utils/common_excerpt.py"
+#: Releases whose Qwen3.5 NVFP4 dense MLP calls FlashInfer raw and still has tc_piecewise (opt-in).
+MLP_RELEASES = ("0.5.19", "0.5.20", "0.5.21")
+MLP_EXCERPT = "sglang/srt/models/qwen3_5_mlp_excerpt.py"
 #: Every release on PyPI in the range, in order.
 RELEASES = (
     "0.5.3.post1", "0.5.3.post2", "0.5.3.post3", "0.5.4", "0.5.4.post1", "0.5.4.post2", "0.5.4.post3", "0.5.5",
@@ -85,6 +89,29 @@ def _excerpt(common: str) -> str:
     return header + "".join("".join(lines[a - 1:b]) + "\n" for a, b in spans)
 
 
+def _mlp_excerpt(qwen2_moe: str, qwen3_5: str) -> str:
+    """Qwen2MoeMLP's ``_silu_fp4_quant_fused`` and ``forward`` (dedented out of the class) and qwen3_5.py's
+    ``_maybe_enable_silu_fp4_quant_fusion``, verbatim otherwise."""
+    import ast
+    import textwrap
+
+    parts, header = [], []
+    for name, text, wanted in (("models/qwen2_moe.py", qwen2_moe, ("_silu_fp4_quant_fused", "forward")),
+                               ("models/qwen3_5.py", qwen3_5, ("_maybe_enable_silu_fp4_quant_fusion",))):
+        tree, lines = ast.parse(text), text.splitlines(keepends=True)
+        body = tree.body
+        if name.endswith("qwen2_moe.py"):
+            (mlp,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen2MoeMLP"]
+            body = mlp.body
+        for node in body:
+            if isinstance(node, ast.FunctionDef) and node.name in wanted:
+                start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                parts.append(textwrap.dedent("".join(lines[start - 1:node.end_lineno])))
+                header.append(f"{name}:{start}-{node.end_lineno} ({node.name})")
+    return ("# sglang/srt/" + ", ".join(header) + "; verbatim, methods dedented out of Qwen2MoeMLP\n\n"
+            + "\n\n".join(parts))
+
+
 def sources(version: str, wheel: Path) -> dict:
     """{path under tests/sglang_sources/<version>: text} for one release."""
     with zipfile.ZipFile(wheel) as archive:
@@ -93,19 +120,23 @@ def sources(version: str, wheel: Path) -> dict:
         def text(name):
             return archive.read(name).decode("utf-8")
 
-        found = {name: text(name) for name in VERBATIM}
-        logging_module = next(line.split()[1] for line in found["sglang/srt/utils/custom_op.py"].splitlines()
-                              if line.startswith("from sglang") and "kernel_api_logging" in line)
-        logging_path = logging_module.replace(".", "/") + ".py"
-        found[logging_path] = text(logging_path)
-        found[EXCERPT] = _excerpt(text("sglang/srt/utils/common.py"))
+        found = {}
+        if version in SOURCE_RELEASES:
+            found = {name: text(name) for name in VERBATIM}
+            logging_module = next(line.split()[1] for line in found["sglang/srt/utils/custom_op.py"].splitlines()
+                                  if line.startswith("from sglang") and "kernel_api_logging" in line)
+            logging_path = logging_module.replace(".", "/") + ".py"
+            found[logging_path] = text(logging_path)
+            found[EXCERPT] = _excerpt(text("sglang/srt/utils/common.py"))
+        if version in MLP_RELEASES:
+            found[MLP_EXCERPT] = _mlp_excerpt(text("sglang/srt/models/qwen2_moe.py"), text("sglang/srt/models/qwen3_5.py"))
         (license_name,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
         found["LICENSE"] = text(license_name)
     return found
 
 
 def all_sources(wheels: Path) -> dict:
-    return {f"{version}/{path}": text for version in SOURCE_RELEASES
+    return {f"{version}/{path}": text for version in sorted(set(SOURCE_RELEASES) | set(MLP_RELEASES))
             for path, text in sources(version, wheel_for(version, wheels)).items()}
 
 
