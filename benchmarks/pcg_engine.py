@@ -13,9 +13,9 @@ For each model the engine is started twice, one at a time (PCG on, then off), an
 median of ``--repeats`` runs after a warm-up: single-request prefill time (``max_new_tokens=1``, the time to
 the first token) for each ``--prompt-lengths``; a batch of ``--batch-prefill`` prompts of 512 tokens; and
 decode throughput (output tokens per second, ``--decode-tokens`` new tokens, ``ignore_eos``) at each
-``--decode-batch``. Ratios are PCG-on over PCG-off: above 1 for throughput, below 1 for times is PCG
-winning. Engine start-up (both runs capture their graphs) takes 1.5-2.5 minutes per engine on an H200, so
-run one model per command:
+``--decode-batch``. The table prints PCG-off over PCG-on for prefill times and PCG-on over PCG-off for
+decode throughput, so above 1 is PCG winning. Each engine start captures its graphs (a tiny Qwen3 took
+111-135 s on the H200, /work/shared/gpu/README.md), so run one model per command:
 
     python benchmarks/pcg_engine.py --model qwen3-1.3b [--save DIR]
     python benchmarks/pcg_engine.py --model llama-8b [--save DIR]

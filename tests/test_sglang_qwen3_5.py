@@ -107,6 +107,7 @@ def compiled_on_fake_cuda(version):
         return torch.compile(mlp, fullgraph=True, backend="eager")(x)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # Dynamo's notes while it traces into FlashInfer's JIT loader
 @pytest.mark.parametrize("version", sglang_facts.MLP_RELEASES)
 def test_without_the_shim_sglangs_qwen3_5_mlp_fails_under_fullgraph_on_flashinfers_jit_path(
         version, modelopt_stand_in, unpatched, monkeypatch):
