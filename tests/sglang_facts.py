@@ -4,7 +4,7 @@ and verbatim copies of the few SGLang files ``tests/test_sglang_wrapper.py`` run
     python tests/sglang_facts.py [--wheels DIR]          # rewrite tests/sglang_facts.json
     python tests/sglang_facts.py [--wheels DIR] --check  # exit 1 if the committed file differs
 
-Downloads each release's wheel once (``pip download --no-deps``, about 600 MB for all of them, cached in
+Downloads each release's wheel once (``pip download --no-deps``, about 360 MB for all 36, cached in
 ``DIR``, default ``~/.cache/fp4-dynamo-shim/sglang-wheels``) and reads, without importing SGLang, what
 ``fp4_dynamo_shim.sglang_source`` reads: how the NVFP4 layers bind FlashInfer, the prefill-graph default,
 where a scheduler imports its FP4 modules and loads plugins, the raw FlashInfer calls of the opt-in paths,

@@ -2,7 +2,7 @@
 
 ``tests/sglang_facts.json`` is what ``tests/sglang_facts.py`` read off the 36 wheels from 0.5.3.post1 to
 0.5.23 (file:line for each fact); regenerating it needs the wheels (``python tests/sglang_facts.py --check``,
-about 600 MB of downloads the first time), so CI reads the committed file. The facts quoted by hand below
+about 360 MB of downloads the first time), so CI reads the committed file. The facts quoted by hand below
 come from reading the wheels (and issue 18), independently of both the table and the parser.
 """
 

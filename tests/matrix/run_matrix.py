@@ -255,8 +255,9 @@ def render_sglang_releases() -> list:
     lines = ["## SGLang releases", "",
              "What each release needs from the shim, from `src/fp4_dynamo_shim/sglang_releases.py` (the table "
              "`status()[\"sglang\"]` and `verify` read; `tests/test_sglang_releases.py` holds it against facts read "
-             "off every wheel, `tests/sglang_facts.json`). \"default path\": the prefill graph a CUDA run gets "
-             "without options. Releases newer than the last row are unknown to the shim: `verify` fails there.", "",
+             "off every wheel, `tests/sglang_facts.json`; `python tests/sglang_facts.py --check` re-reads the wheels). "
+             "\"default path\": the prefill graph a CUDA run gets without options. Releases newer than the last row "
+             "are unknown to the shim: `verify` fails there.", "",
              "| SGLang | prefill graph by default | tc_piecewise | FP4 calls reach FlashInfer | plugins | "
              "shim on the default path | needed when opted in | not covered | pins: torch, flashinfer, sglang-kernel |",
              "|---|---|---|---|---|---|---|---|---|"]
