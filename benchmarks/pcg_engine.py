@@ -17,10 +17,11 @@ decode throughput (output tokens per second, ``--decode-tokens`` new tokens, ``i
 decode throughput, so above 1 is PCG winning. Each engine start captures its graphs (a tiny Qwen3 took
 111-135 s on the H200, /work/shared/gpu/README.md), so run one model per command:
 
-    python benchmarks/pcg_engine.py --model qwen3-1.3b [--save DIR]
-    python benchmarks/pcg_engine.py --model llama-8b [--save DIR]
+    FP4_DYNAMO_SHIM_DISABLE=1 python benchmarks/pcg_engine.py --model qwen3-1.3b [--save DIR]
+    FP4_DYNAMO_SHIM_DISABLE=1 python benchmarks/pcg_engine.py --model llama-8b [--save DIR]
 
-No shim is involved (bf16 models): this measures SGLang, to say what users lose when they turn PCG off.
+No shim is involved (bf16 models; FP4_DYNAMO_SHIM_DISABLE=1 keeps an installed plugin out of the schedulers):
+this measures SGLang, to say what users lose when they turn PCG off.
 """
 
 from __future__ import annotations
