@@ -182,7 +182,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
 ])
 def test_sglang_releases_are_described_from_the_table(version, wraps, check):
     release = sglang_releases.release_for(version)
-    assert (release.wraps_fp4_quantize, release.compile_path_check) == (wraps, check)
+    assert (release.fp4_quantize_binding == "sglang-op", release.compile_path_check) == (wraps, check)
 
 
 def test_verify_cpu_run_passes_and_its_json_parses(installed):
@@ -195,7 +195,8 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert document["exit_code"] == 0 and document["device"] == "cpu"
     assert {c["name"]: c["result"] for c in document["checks"]} == {
         "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
-        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass", "worker-activation": "pass",
+        "cuda-graph": "skip", "sglang-release": "skip", "sglang-compile": "skip", "family": "pass",
+        "worker-activation": "pass",
     }
     assert document["status"]["applied"] and document["environment"]["flashinfer"]
     assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])

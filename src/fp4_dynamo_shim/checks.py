@@ -15,7 +15,7 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import ops, sglang, sglang_releases
+from fp4_dynamo_shim import ops, sglang, sglang_releases, sglang_source
 
 
 class Skip(Exception):
@@ -198,12 +198,30 @@ def check_flashinfer_op(device: str) -> str:
     return detail
 
 
+def check_sglang_release(device: str) -> str:
+    """The installed SGLang has a row in the shim's table, and its source (read, not imported) still looks
+    the way that row says: how it binds FlashInfer, its prefill-graph default, its plugin loading, its pins.
+    Fails for a release the table does not know, since whether it needs the shim is then unknown."""
+    import importlib.metadata
+
+    version = sglang_releases.installed_version()
+    if version is None:
+        raise Skip("sglang is not installed")
+    facts = sglang_source.read_release(sglang_source.installed_reader())
+    pins = sglang_source.pins(importlib.metadata.requires("sglang"))
+    problems = sglang_releases.disagreements(version, facts, pins)
+    if problems:
+        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {sglang_releases.describe()['need']}")
+    return sglang_releases.describe()["need"]
+
+
 def check_sglang_compile_path(device: str) -> str:
     described = sglang_releases.describe()
     if described.get("installed") is None:
         raise Skip("sglang is not installed")
     if not described.get("compile_path_check"):
-        raise Skip(f"sglang {described['installed']}: {described.get('note', 'no install_torch_compiled path')}")
+        raise Skip(f"sglang {described['installed']}: verify drives SGLang's install_torch_compiled + set_compiled "
+                   "only on 0.5.3.post2-0.5.9" + (f" ({described['note']})" if described["note"] else ""))
     if device != "cuda":
         raise Skip("SGLang's piecewise CUDA graph needs a GPU")
     if not _launches(device):
@@ -364,6 +382,7 @@ CHECKS: List[tuple] = [
     ("compiled-vs-eager", check_compiled_matches_eager),
     ("cuda-graph", check_cuda_graph),
     ("flashinfer-op", check_flashinfer_op),
+    ("sglang-release", check_sglang_release),
     ("sglang-compile", check_sglang_compile_path),
     ("family", check_family),
     ("worker-activation", check_worker_activation),

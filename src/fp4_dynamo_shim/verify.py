@@ -113,8 +113,8 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, 
             print(f"  gpu          cuda:{gpu['index']} {gpu['name']} {gpu['arch']}, FP4 quantize kernel: {kernel}")
     print(f"  flashinfer   {env['flashinfer']} (supported: {env['supported_flashinfer']})")
     sglang_info = env["sglang"]
-    print(f"  sglang       {sglang_info.get('installed') or 'not installed'}"
-          + (f": {sglang_info['note']}" if sglang_info.get("note") else ""))
+    print(f"  sglang       {sglang_info['need'] or 'not installed'}"
+          + (f" ({sglang_info['note']})" if sglang_info["note"] else ""))
     print(f"  jit cache    {env['jit_cache']}")
     if status["applied"]:
         cuda = status["cuda_version"]

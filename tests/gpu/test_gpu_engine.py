@@ -1,32 +1,39 @@
-"""A real SGLang 0.5.11 engine serving tiny NVFP4 models with piecewise CUDA graphs, with and without the shim.
+"""A real SGLang engine (0.5.11 or 0.5.14) serving tiny NVFP4 models with its torch.compile prefill graphs,
+with and without the shim.
 
-For Llama, Qwen3 and Qwen3-MoE checkpoints written by ``engine/checkpoints.py``, each case starts
-``sglang.Engine(quantization="modelopt_fp4", skip_tokenizer_init=True, attention_backend="triton", ...)``
-in its own process (``engine/run_engine.py``) and generates greedily from ``input_ids``:
+For each architecture of the installed release's row in ``ENGINES`` (checkpoints written by
+``engine/checkpoints.py``), each case starts ``sglang.Engine(quantization="modelopt_fp4",
+skip_tokenizer_init=True, attention_backend="triton", ...)`` in its own process (``engine/run_engine.py``)
+and generates greedily from ``input_ids``:
 
-* ``off``: ``FP4_DYNAMO_SHIM_DISABLE=1``: the engine must fail in piecewise capture, with Dynamo's
-  ``Unsupported`` on FlashInfer's JIT path (the bug users see; proves the harness reaches it);
+* ``off``: ``FP4_DYNAMO_SHIM_DISABLE=1``. SGLang 0.5.11 calls FlashInfer raw inside its piecewise graph: the
+  engine must fail in piecewise capture with Dynamo's ``Unsupported`` on FlashInfer's JIT path (the bug
+  users see; proves the harness reaches it). SGLang 0.5.14 wraps those calls in its own ops: the engine must
+  start, capture its ``tc_piecewise`` prefill graphs and serve without the shim (not needed there);
 * ``plugin``: activated only by SGLang's plugin entry point (no import, no variable);
 * ``hook``: only by ``FP4_DYNAMO_SHIM=1`` and the import hook (plugins filtered off with SGLANG_PLUGINS);
 * ``import``: only by ``import fp4_dynamo_shim`` at the top of the launching script (plugins filtered off,
   no variable set by the test);
-* ``pcg_off``: ``disable_piecewise_cuda_graph=True``: the same greedy ``output_ids`` as with the graphs.
+* ``pcg_off``: the prefill graphs off (0.5.11 ``disable_piecewise_cuda_graph``, 0.5.14
+  ``disable_prefill_cuda_graph``): the same greedy ``output_ids`` as with the graphs, and (0.5.14) as off.
 
-The H200 is SM90: SGLang takes FlashInfer's ``fp4_quantize`` only on SM12x and refuses ModelOpt FP4 below
-SM100, so ``engine/sm120_path/sitecustomize.py`` (on PYTHONPATH, so the spawned scheduler runs it too)
-forces only those decisions and stands in for the one kernel outside FlashInfer that cannot run there
-(SGLang's FP4 MoE), each listed there with why. ``FP4_DYNAMO_SHIM_FALLBACK=reference`` makes the shim
-compute FP4 values with its reference (the FP4 kernels have no SM90 body). All cases run at once on the
-one GPU. Nothing asserts a time; capture and first-token times go to the report.
+The H200 is SM90: ``engine/sm120_path/sitecustomize.py`` (on PYTHONPATH, so the spawned scheduler runs it
+too) forces only the decisions that keep SGLang off its FlashInfer NVFP4 path there and stands in for the
+kernels that cannot run on SM90, each listed there with why, per release. ``FP4_DYNAMO_SHIM_FALLBACK=reference``
+makes the shim compute FP4 values with its reference (the FP4 kernels have no SM90 body). All cases run at
+once on the one GPU. Nothing asserts a time; start-up, capture and first-token times per route go to
+``engine_times.txt`` and ``engine_summary.json`` in ``$FP4_DYNAMO_SHIM_TEST_REPORT_DIR``.
 
-Needs SGLang 0.5.11 with its real sgl_kernel, and the shim installed as a wheel in a site directory (its
-.pth and entry point): ``bash tests/gpu/fetch.sh engine`` and ``bash tests/gpu/fetch.sh shim`` bring them to
-the GPU machine, ``bash tests/gpu/stage.sh`` installs them there.
+Needs SGLang 0.5.11 or 0.5.14 with its real sgl_kernel, and the shim installed as a wheel in a site
+directory (its .pth and entry point): ``bash tests/gpu/fetch.sh engine`` (or ``engine-0.5.14``) and
+``bash tests/gpu/fetch.sh shim`` bring them to the GPU machine, ``bash tests/gpu/stage.sh`` installs them there.
+``FP4_DYNAMO_SHIM_TEST_ENGINE_ARCHITECTURES=deepseek_v3,glm4_moe`` runs a subset.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -44,7 +51,32 @@ ENGINE = Path(__file__).resolve().parent / "engine"
 sys.path.insert(0, str(ENGINE))
 import checkpoints  # noqa: E402
 
-ARCHITECTURES = sorted(checkpoints.ARCHITECTURES)
+
+@dataclasses.dataclass(frozen=True)
+class EngineRelease:
+    architectures: tuple
+    #: The scheduler's log line when prefill-graph capture begins, and a regex of its end (seconds in group 1).
+    capture_begin: str
+    capture_end: str
+    #: Without the shim the engine fails in capture (SGLang calls FlashInfer raw in the traced graph).
+    off_needs_shim: bool
+    #: What a shimmed scheduler must have bound to the shim's replacements (sitecustomize's report keys).
+    shim_bindings: tuple
+
+
+ENGINES = {
+    "0.5.11": EngineRelease(("llama", "qwen3", "qwen3_moe", "deepseek_v3", "glm4_moe"),
+                            "Capture piecewise CUDA graph begin",
+                            r"Capture piecewise CUDA graph end\. Time elapsed: ([\d.]+) s", True,
+                            ("modelopt.fp4_quantize", "modelopt.flashinfer_fp4_gemm")),
+    "0.5.14": EngineRelease(("qwen3", "qwen3_moe"), "Capture target prefill CUDA graph begin",
+                            r"Capture target prefill CUDA graph end\. elapsed=([\d.]+) s", False,
+                            ("fp4_utils._flashinfer_fp4_quantize", "modelopt.flashinfer_fp4_gemm")),
+}
+INSTALLED = sglang_releases.installed_version()
+RELEASE = ENGINES.get(INSTALLED)
+_chosen = os.environ.get("FP4_DYNAMO_SHIM_TEST_ENGINE_ARCHITECTURES")
+ARCHITECTURES = ([a for a in _chosen.split(",") if a] if _chosen else list(RELEASE.architectures)) if RELEASE else []
 NO_PLUGINS = "no-plugin-has-this-name"  # SGLANG_PLUGINS: an empty value would load them all
 CASES = {
     "off": {"env": {"FP4_DYNAMO_SHIM_DISABLE": "1"}},
@@ -54,18 +86,16 @@ CASES = {
                "env": {"SGLANG_PLUGINS": NO_PLUGINS, "FP4_DYNAMO_SHIM_FALLBACK": "reference"}},
     "pcg_off": {"args": ["--disable-pcg"], "env": {"FP4_DYNAMO_SHIM_FALLBACK": "reference"}},
 }
+ROUTES = ("plugin", "hook", "import")
 #: How the scheduler must say it was activated, per route.
 ACTIVATED_BY = {"plugin": {"plugin"}, "hook": {"pth"}, "import": {"import", "pth"}, "pcg_off": {"plugin"}}
 TIMEOUT_S = float(os.environ.get("FP4_DYNAMO_SHIM_TEST_ENGINE_TIMEOUT", "480"))
 
-release = sglang_releases.release_for(sglang_releases.installed_version())
-
-
 def _sglang_can_serve() -> str | None:
     if not torch.cuda.is_available():
         return "no GPU"
-    if sglang_releases.installed_version() != "0.5.11":
-        return f"the engine test is written for SGLang 0.5.11 (installed: {sglang_releases.installed_version()})"
+    if RELEASE is None:
+        return f"the engine test is written for SGLang {', '.join(ENGINES)} (installed: {INSTALLED})"
     try:
         import sgl_kernel  # noqa: F401
     except Exception as error:
@@ -107,11 +137,22 @@ def _run(architecture: str, case: str, model: Path, root: Path, port: int, delay
     result = json.loads((directory / "result.json").read_text()) if (directory / "result.json").exists() else {}
     statuses = [json.loads(p.read_text()) for p in sorted((directory / "status").glob("*.json"))]
     log_text = (directory / "log.txt").read_text(errors="replace")
-    capture = re.findall(r"Capture piecewise CUDA graph end\. Time elapsed: ([\d.]+) s", log_text)  # one per rank
+    capture = re.findall(RELEASE.capture_end, log_text)  # one per rank
     return {"architecture": architecture, "case": case, "exit": code, "wall_s": time.perf_counter() - started,
             **result, "schedulers": statuses, "log": str(directory / "log.txt"), "log_text": log_text,
             "pcg_capture_s": float(capture[0]) if capture else None, "pcg_capture_s_per_rank": [float(c) for c in capture],
             "prefill_replayed_pcg": "cuda graph: True" in log_text}
+
+
+def _times_table(results) -> str:
+    lines = ["architecture  case     started  startup_s  capture_s  first_token_s  activated_by"]
+    for r in results:
+        activated = next((s["shim"]["activated_by"] for s in r["schedulers"] if s.get("shim")), None)
+        cells = [f"{r.get(k):.1f}" if isinstance(r.get(k), float) else "-" for k in
+                 ("startup_s", "pcg_capture_s", "first_token_s")]
+        lines.append(f"{r['architecture']:13} {r['case']:8} {str(bool(r.get('started'))):8} {cells[0]:>9}  "
+                     f"{cells[1]:>9}  {cells[2]:>13}  {activated}")
+    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="session")
@@ -134,8 +175,9 @@ def engines(tmp_path_factory):
                    for r in results.values()]
         Path(report_dir).mkdir(parents=True, exist_ok=True)
         (Path(report_dir) / "engine_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        (Path(report_dir) / "engine_times.txt").write_text(f"SGLang {INSTALLED}\n" + _times_table(results.values()))
         for (arch, case), r in results.items():
-            if not r.get("started"):
+            if not r.get("started") or case == "off":
                 (Path(report_dir) / f"engine-{arch}-{case}.log").write_text(r["log_text"][-200000:])
     return results
 
@@ -146,39 +188,58 @@ def _failure_excerpt(log_text: str) -> str:
     return "\n".join(lines[max(0, marks[0] - 3): marks[0] + 12]) if marks else ""
 
 
+def _served_with_prefill_graphs(run) -> None:
+    assert run.get("started"), f"{run.get('error')}\n{_failure_excerpt(run['log_text'])}"
+    assert RELEASE.capture_begin in run["log_text"] and run["pcg_capture_s"] is not None, _failure_excerpt(run["log_text"])
+    assert run["prefill_replayed_pcg"]
+    assert [len(ids) for ids in run["output_ids"]] == [8, 8]
+
+
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_without_the_shim_the_engine_fails_in_piecewise_capture_on_flashinfers_jit_path(engines, architecture):
+def test_without_the_shim_the_engine_fails_in_capture_where_sglang_calls_flashinfer_raw(engines, architecture):
+    if not RELEASE.off_needs_shim:
+        pytest.skip(f"SGLang {INSTALLED} wraps FlashInfer's FP4 calls in its own ops (the next test)")
     run = engines[(architecture, "off")]
     text = run["log_text"]
     assert not run.get("started"), "the engine served without the shim: the harness does not reach the bug"
-    assert "Capture piecewise CUDA graph begin" in text and "Capture piecewise CUDA graph end" not in text
+    assert RELEASE.capture_begin in text and not re.search(RELEASE.capture_end, text)
     assert "torch._dynamo.exc.Unsupported" in text and re.search(r"allocate_lock|get_cuda_version|subprocess", text), \
         _failure_excerpt(text)
     assert all(not s.get("shim_imported") or not s["shim"]["applied"] for s in run["schedulers"])
 
 
-@pytest.mark.parametrize("case", ["plugin", "hook", "import"])
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_with_the_shim_the_engine_captures_piecewise_graphs_and_generates(engines, architecture, case):
+def test_without_the_shim_sglangs_own_ops_serve_with_prefill_graphs(engines, architecture):
+    """SGLang >= 0.5.12: not needed on the default path (the need line says so; here it is served)."""
+    if RELEASE.off_needs_shim:
+        pytest.skip(f"SGLang {INSTALLED} calls FlashInfer raw (the previous test)")
+    run = engines[(architecture, "off")]
+    _served_with_prefill_graphs(run)
+    assert all(not s.get("shim_imported") or not s["shim"]["applied"] for s in run["schedulers"])
+    assert "not needed on its default path" in sglang_releases.describe()["need"]
+
+
+@pytest.mark.parametrize("case", ROUTES)
+@pytest.mark.parametrize("architecture", ARCHITECTURES)
+def test_with_the_shim_the_engine_captures_prefill_graphs_and_generates(engines, architecture, case):
     run = engines[(architecture, case)]
-    assert run.get("started"), f"{run.get('error')}\n{_failure_excerpt(run['log_text'])}"
+    _served_with_prefill_graphs(run)
     (scheduler,) = run["schedulers"]
     assert scheduler["scheduler_error"] is None and scheduler["shim"]["applied"], scheduler
     assert scheduler["shim"]["activated_by"] in ACTIVATED_BY[case], scheduler["shim"]
-    assert scheduler["modelopt.fp4_quantize"] == "shim" and scheduler["modelopt.flashinfer_fp4_gemm"] == "shim"
+    assert all(scheduler[binding] == "shim" for binding in RELEASE.shim_bindings), scheduler
     assert {d["mode"] for d in scheduler["shim"]["devices"]} == {"reference"}
-    assert run["pcg_capture_s"] is not None and run["prefill_replayed_pcg"]
-    assert [len(ids) for ids in run["output_ids"]] == [8, 8]
     if case == "plugin":  # the plugin says so in the scheduler's log
         assert "fp4_dynamo_shim is active in this SGLang process (activated by plugin" in run["log_text"]
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_piecewise_graphs_on_and_off_give_identical_greedy_output_ids(engines, architecture):
+def test_prefill_graphs_on_and_off_give_identical_greedy_output_ids(engines, architecture):
     off = engines[(architecture, "pcg_off")]
     assert off.get("started"), off.get("error")
     assert off["pcg_capture_s"] is None and not off["prefill_replayed_pcg"]
-    for case in ("plugin", "hook", "import"):
+    compared = ROUTES if RELEASE.off_needs_shim else ("off", *ROUTES)
+    for case in compared:
         assert engines[(architecture, case)].get("output_ids") == off["output_ids"], case
 
 
@@ -218,5 +279,5 @@ def test_at_tp2_every_rank_applies_the_shim_captures_and_matches_tp1(tp2_engines
     for scheduler in run["schedulers"]:
         assert scheduler["scheduler_error"] is None and scheduler["shim"]["applied"], scheduler
         assert scheduler["shim"]["activated_by"] in ACTIVATED_BY[case], scheduler["shim"]
-    assert len(re.findall(r"Capture piecewise CUDA graph end", run["log_text"])) == 2  # every rank captured
+    assert len(re.findall(RELEASE.capture_end, run["log_text"])) == 2  # every rank captured
     assert run["output_ids"] == engines[(architecture, case)]["output_ids"] == engines[(architecture, "pcg_off")]["output_ids"]

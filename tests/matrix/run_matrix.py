@@ -171,24 +171,50 @@ def render_family(legs: dict) -> list:
     return lines + [""]
 
 
-#: Model family x SGLang release with piecewise CUDA graphs and the shim: (family, {release: cell}).
-#: "measured" cells come from tests/gpu/test_gpu_engine.py on the H200 (SM12x path forced, see that file);
-#: the others are read from SGLang's code, and say so.
+#: Model family x SGLang release with the torch.compile prefill graph and the shim: (family, {column: cell}).
+#: "**measured**" cells come from tests/gpu/test_gpu_engine.py on the H200 (each release's FlashInfer NVFP4
+#: path forced, see engine/sm120_path/sitecustomize.py); "CPU" cells from the named CPU test; "read" cells from
+#: reading SGLang's code, not run; "to be measured" cells are written in the GPU test and have not run yet.
+SGLANG_COLUMNS = ["0.5.9", "0.5.10", "0.5.11", "0.5.12-0.5.13", "0.5.14", "0.5.15-0.5.18", "0.5.19-0.5.21",
+                  "0.5.22-0.5.23"]
+_WRAPPED = "read: not needed (SGLang's own ops); harmless: CPU, `tests/test_sglang_wrapper.py`"
+_BREAKABLE = "read: not needed by default (breakable prefill graphs, no torch.compile); with tc_piecewise as 0.5.14"
+_NO_COMPILE = "read: not needed (no torch.compile prefill graph)"
 MODEL_FAMILIES = [
     ("Llama (`LlamaForCausalLM`)", {
         "0.5.9": "read: works (PCG opt-in); `fp4_quantize` is the only untraceable call",
         "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: serves with PCG; greedy ids equal PCG off; without the shim PCG capture fails"}),
+        "0.5.11": "**measured**: serves with PCG; greedy ids equal PCG off; without the shim PCG capture fails",
+        "0.5.12-0.5.13": _WRAPPED, "0.5.14": _WRAPPED, "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE,
+        "0.5.22-0.5.23": _NO_COMPILE}),
     ("Qwen3 (`Qwen3ForCausalLM`)", {
         "0.5.9": "read: works (PCG opt-in)", "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: as Llama"}),
+        "0.5.11": "**measured**: as Llama", "0.5.12-0.5.13": _WRAPPED,
+        "0.5.14": "to be measured (0.5.14 engine matrix: shim off must serve with tc_piecewise; every route and PCG off "
+                  "the same greedy ids); read: not needed",
+        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
     ("Qwen3-MoE (`Qwen3MoeForCausalLM`)", {
         "0.5.9": "read: works (PCG opt-in); the FP4 MoE runs inside an SGLang custom op",
         "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)"}),
-    ("DeepSeek-V3, GLM-4.x MoE", {
-        "0.5.9": "not established: neither run nor read through here",
-        "0.5.10": "not established", "0.5.11": "not established"}),
+        "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)",
+        "0.5.12-0.5.13": _WRAPPED, "0.5.14": "to be measured (0.5.14 engine matrix, as Qwen3)",
+        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
+    ("DeepSeek-V3 (`DeepseekV3ForCausalLM`: MLA, grouped top-k, fused shared expert)", {
+        "0.5.9": "not established", "0.5.10": "not established",
+        "0.5.11": "to be measured (0.5.11 engine matrix: PCG on = off, shim off fails in capture); read: the dense "
+                  "NVFP4 layers bind FlashInfer's `fp4_quantize` on SM12x as Llama's do"}),
+    ("GLM-4.5 MoE (`Glm4MoeForCausalLM`)", {
+        "0.5.9": "not established", "0.5.10": "not established",
+        "0.5.11": "to be measured (0.5.11 engine matrix, as DeepSeek-V3)"}),
+    ("Qwen3.5 NVFP4 (dense MLP)", {
+        "0.5.19-0.5.21": "CPU, `tests/test_sglang_qwen3_5.py` (SGLang's own MLP code, fake CUDA tensors): needed with "
+                         "tc_piecewise: the fused path calls `silu_and_mul_scaled_nvfp4_experts_quantize` raw; fails "
+                         "under fullgraph without the shim, traces with it",
+        "0.5.22-0.5.23": "read: the raw call remains; no torch.compile prefill graph to trace it"}),
+    ("FP8 per-tensor checkpoints (RMSNorm + FP8 quant)", {
+        "0.5.15-0.5.18": "read: 0.5.18 calls `flashinfer.norm.rmsnorm_quant` raw; with tc_piecewise NOT covered by "
+                         "the shim (not an FP4 function)",
+        "0.5.19-0.5.21": "read: as 0.5.18: NOT covered by the shim", "0.5.22-0.5.23": _NO_COMPILE}),
     ("GLM-5 / DeepSeek-V3.2 (NSA)", {
         "0.5.9": "read: fails after the shim, in SGLang's NSA indexer (`Tensor.item()` on `seq_lens_cpu`, a raw "
                  "`flashinfer.norm.layernorm`, the JIT hadamard, deep_gemm, a split op without `topk_indices`)",
@@ -197,16 +223,61 @@ MODEL_FAMILIES = [
 
 
 def render_model_families() -> list:
-    releases = ["0.5.9", "0.5.10", "0.5.11"]
-    lines = ["## Model families x SGLang, with piecewise CUDA graphs and the shim", "",
-             "Cells marked **measured** were run on the H200 with SGLang 0.5.11's own engine "
-             "(`tests/gpu/test_gpu_engine.py`, tiny ModelOpt NVFP4 checkpoints, SGLang's SM12x FP4 path forced); "
-             "\"read\" cells come from reading SGLang's code and were not run. Users of the NSA models: keep piecewise "
-             "CUDA graphs off (`--disable-piecewise-cuda-graph` on 0.5.9, where it is opt-in anyway; 0.5.10/0.5.11 "
-             "turn them off by themselves); the shim is harmless there but does not make those forwards traceable.", "",
-             "| model family | " + " | ".join(f"SGLang {r}" for r in releases) + " |", "|---|" + "---|" * len(releases)]
+    lines = ["## Model families x SGLang, with its torch.compile prefill graph and the shim", "",
+             "Cells marked **measured** were run on the H200 with SGLang's own engine "
+             "(`tests/gpu/test_gpu_engine.py`, tiny ModelOpt NVFP4 checkpoints, the release's FlashInfer NVFP4 path "
+             "forced); \"CPU\" cells come from the named CPU test; \"read\" cells from reading SGLang's code, not "
+             "run; \"to be measured\" cells are written in the GPU test and have not run yet; \"-\": the family is "
+             "not in that release or not looked at. Users of the NSA models: keep piecewise CUDA graphs off "
+             "(`--disable-piecewise-cuda-graph` on 0.5.9, where it is opt-in anyway; 0.5.10/0.5.11 turn them off by "
+             "themselves); the shim is harmless there but does not make those forwards traceable.", "",
+             "| model family | " + " | ".join(f"SGLang {r}" for r in SGLANG_COLUMNS) + " |",
+             "|---|" + "---|" * len(SGLANG_COLUMNS)]
     for family, cells in MODEL_FAMILIES:
-        lines.append(f"| {family} | " + " | ".join(cells.get(r, "-") for r in releases) + " |")
+        lines.append(f"| {family} | " + " | ".join(cells.get(r, "-") for r in SGLANG_COLUMNS) + " |")
+    return lines + [""]
+
+
+_BINDINGS = {"call-time": "imported at call time", "module-global": "module global (SM12x)",
+             "sglang-op": "SGLang's own ops"}
+_GRAPHS = {"none": "none", "opt-in": "off (PCG opt-in)", "piecewise": "piecewise (PCG)", "tc_piecewise": "tc_piecewise",
+           "breakable": "breakable (no torch.compile)"}
+
+
+def render_sglang_releases() -> list:
+    """One row per SGLang release, from ``fp4_dynamo_shim.sglang_releases`` (held against every wheel by
+    ``tests/test_sglang_releases.py``)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    import sglang_facts
+    from fp4_dynamo_shim import sglang_releases
+
+    lines = ["## SGLang releases", "",
+             "What each release needs from the shim, from `src/fp4_dynamo_shim/sglang_releases.py` (the table "
+             "`status()[\"sglang\"]` and `verify` read; `tests/test_sglang_releases.py` holds it against facts read "
+             "off every wheel, `tests/sglang_facts.json`; `python tests/sglang_facts.py --check` re-reads the wheels). "
+             "\"default path\": the prefill graph a CUDA run gets without options. Releases newer than the last row "
+             "are unknown to the shim: `verify` fails there.", "",
+             "| SGLang | prefill graph by default | tc_piecewise | FP4 calls reach FlashInfer | plugins | "
+             "shim on the default path | needed when opted in | not covered | pins: torch, flashinfer, sglang-kernel |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for version in sglang_facts.RELEASES:
+        row = sglang_releases.release_for(version)
+        pins = sglang_releases.PINS.get(version)
+        covered = ", ".join(f"`{c.function}` ({c.where})" for c in row.raw_calls if c.covered)
+        uncovered = ", ".join(f"`{c.function}` ({c.where})" for c in row.raw_calls if not c.covered)
+        if row.prefill_graph == "none":
+            default = "not needed (no torch.compile graph)"
+        elif sglang_releases.needed_by_default(row):
+            default = f"**needed**: {covered}"
+        else:
+            default = "not needed; harmless"
+        opt_in = "" if sglang_releases.needed_by_default(row) or row.prefill_graph == "none" else covered
+        lines.append(" | ".join([
+            f"| {version}", _GRAPHS[row.prefill_graph], row.tc_piecewise or "-", _BINDINGS[row.fp4_quantize_binding]
+            + (", `mm_fp4` in `sglang::fp4_gemm`" if row.mm_fp4_in_sglang_op and row.fp4_quantize_binding != "sglang-op"
+               else ""), "yes" if row.loads_plugins else "no", default, opt_in or "-", uncovered or "-",
+            f"{pins.torch}, {pins.flashinfer}, {pins.sglang_kernel}" if pins else "-"]) + " |")
     return lines + [""]
 
 
@@ -239,6 +310,7 @@ def render(legs: dict, refusals: dict) -> str:
         lines.append(f"| {version} | " + " | ".join(row) + " |")
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
     lines += render_family(legs)
+    lines += render_sglang_releases()
     lines += render_model_families()
     if not_importable:
         lines += ["## \\* Releases that need a GPU to import", "",

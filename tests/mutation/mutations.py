@@ -29,6 +29,7 @@ FAMILY = "tests/test_family.py"
 ACTIVATION = "tests/test_activation.py"
 ROUTES = "tests/test_routes.py"
 EDGES = "tests/test_edges.py"
+SGLANG_WRAPPER = "tests/test_sglang_wrapper.py"
 
 MUTATIONS = [
     # --- issue 9, item 1-9: breakages the suite once let through -------------------------------------------
@@ -269,6 +270,41 @@ MUTATIONS = [
              '"        out_sf = input.new_empty((rows, {sf_columns})',
              "tests/test_battery.py::test_the_direct_path_gives_the_general_paths_result_or_error",
              "tests/test_parity.py::test_kernel_entry_receives_identical_arguments"),
+    # --- issue 18: SGLang >= 0.5.12's own FP4 op (tests/test_sglang_wrapper.py) ------------------------------
+    mutation("backend-dropped-for-flashinfer", "a call the op cannot carry (backend='cute-dsl') reaches FlashInfer "
+             "without its backend, so SGLang's SM100 call runs the CUDA kernel instead of CuTe-DSL",
+             f"{PKG}/wrapper.py", "    present = tuple(name for name in CORE_PARAMETERS if name in parameter_names)",
+             "    present = tuple(name for name in CORE_PARAMETERS if name in parameter_names and name != 'backend')",
+             f"{SGLANG_WRAPPER}::test_on_sm100_sglangs_cute_dsl_call_reaches_flashinfer_unchanged"),
+    mutation("nvfp4_4over6-dropped-for-flashinfer", "an explicit nvfp4_4over6 recipe never reaches FlashInfer's "
+             "own function (the environment's is used instead)",
+             f"{PKG}/wrapper.py", "    present = tuple(name for name in CORE_PARAMETERS if name in parameter_names)",
+             "    present = tuple(name for name in CORE_PARAMETERS if name in parameter_names and name != 'nvfp4_4over6')",
+             f"{SGLANG_WRAPPER}::test_an_explicit_nvfp4_4over6_with_cute_dsl_reaches_flashinfer_unchanged"),
+    mutation("eager-4over6-environment-dropped", "SGLang's eager call (nvfp4_4over6 left out) reaches the kernel "
+             "with 4over6 off although FLASHINFER_NVFP4_4OVER6=1 asks FlashInfer for it",
+             f"{PKG}/wrapper.py", "if compiling else self.code_of(self.resolve(setting))", "if compiling else 0",
+             f"{SGLANG_WRAPPER}::test_flashinfers_kernel_gets_the_same_call_with_and_without_the_shim"),
+    mutation("sglang-binding-left-alone", "the plugin leaves the FlashInfer function SGLang bound into its own op "
+             "(the routes then run different code)",
+             f"{PKG}/rebind.py", "            if not is_shim_module(str(name)):",
+             "            if not is_shim_module(str(name)) and not str(name).startswith('sglang.'):",
+             f"{SGLANG_WRAPPER}::test_sglangs_binding_is_the_shims_replacement_on_every_route"),
+    mutation("sglang-0.5.11-loads-no-plugins", "the 0.5.11 row says schedulers load no plugins (scheduler.py:3893 does)",
+             f"{PKG}/sglang_releases.py",
+             '    SglangRelease(SpecifierSet(">=0.5.11,<0.5.12"), "piecewise", None, "module-global", True, False, True,',
+             '    SglangRelease(SpecifierSet(">=0.5.11,<0.5.12"), "piecewise", None, "module-global", True, False, False,',
+             "tests/test_sglang_releases.py::test_the_row_for_each_release_agrees_with_its_wheel"),
+    mutation("sglang-release-check-blind", "verify's sglang-release check finds nothing wrong with any installed SGLang",
+             f"{PKG}/checks.py", "    problems = sglang_releases.disagreements(version, facts, pins)\n",
+             "    problems = []\n",
+             "tests/test_sglang_releases.py::test_verify_fails_when_the_installed_source_binds_flashinfer_otherwise",
+             "tests/test_sglang_releases.py::test_verify_fails_for_an_sglang_newer_than_the_table"),
+    mutation("need-line-never-needed", "the need line calls every release harmless on its default path",
+             f"{PKG}/sglang_releases.py",
+             "    return release.prefill_graph in _COMPILED_BY_DEFAULT and bool(release.raw_calls)",
+             "    return False",
+             "tests/test_sglang_releases.py::test_the_need_line"),
     # --- issue 9, item 9: GPU tests that could not fail (run with --gpu on the GPU machine) ------------------
     mutation("sglang-captures-nothing", "the block runs eagerly: SGLang never compiles or captures it",
              f"{PKG}/sglang.py", "    install_torch_compiled(block,", "    (lambda *args, **kwargs: None)(block,",

@@ -14,19 +14,28 @@ Laid out exactly as SGLang 0.5.11's ``modelopt_quant.py`` loads them (read from 
 * ``lm_head``, embeddings, norms, Qwen3's q/k norms and the MoE router stay bf16 (``lm_head`` and the
   router are in the exclude list, as ModelOpt writes it). Every parameter is written: SGLang does not
   check for missing tensors.
+* DeepSeek-V3 (``DeepseekV3ForCausalLM``): MLA attention (``q_a_proj``/``q_a_layernorm``/``q_b_proj``,
+  ``kv_a_proj_with_mqa``/``kv_a_layernorm``/``kv_b_proj``, DeepSeek's own head dims: kv_lora_rank 512, rope 64,
+  nope 128, v 128) kept bf16 and excluded (``model.layers.*.self_attn*``, as NVIDIA's DeepSeek NVFP4
+  checkpoints do); layer 0 a dense NVFP4 MLP (``first_k_dense_replace``), layer 1 256 routed experts with
+  grouped top-k (8 groups, 4 chosen, ``noaux_tc`` with ``e_score_correction_bias``) and one shared expert,
+  which SGLang fuses into the MoE as expert 256 (it does so only for exactly 256 routed and 1 shared);
+* GLM-4.5 MoE (``Glm4MoeForCausalLM``): NVFP4 attention with q/k/v biases and q/k norms, partial rotary,
+  layer 0 dense, layer 1 16 routed experts (``e_score_correction_bias``) and one shared expert (fused).
 
 Weights are random bf16 quantized with the project's reference quantizer (global scale
 ``1 / weight_scale_2``, ``weight_scale_2 = amax / (6 * 448)``), so they dequantize to sensible values.
-All dimensions are multiples of 128 where SGLang pads or its MoE kernels need it.
+All dimensions are multiples of 128 where SGLang pads or its MoE kernels need it. Written with the
+``safetensors`` library.
 """
 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 from fp4_dynamo_shim import reference
 
@@ -51,45 +60,24 @@ ARCHITECTURES = {
                   "intermediate_size": INTERMEDIATE, "rope_theta": 1000000.0, "num_experts": EXPERTS,
                   "num_experts_per_tok": TOP_K, "moe_intermediate_size": MOE_INTERMEDIATE, "norm_topk_prob": True,
                   "decoder_sparse_step": 1, "mlp_only_layers": []},
+    "deepseek_v3": {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+                    "num_key_value_heads": HEADS, "intermediate_size": INTERMEDIATE,
+                    "moe_intermediate_size": MOE_INTERMEDIATE, "q_lora_rank": 128, "kv_lora_rank": 512,
+                    "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+                    "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+                    "topk_method": "noaux_tc", "scoring_func": "sigmoid", "norm_topk_prob": True,
+                    "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "moe_layer_freq": 1,
+                    "rope_theta": 10000.0, "rope_scaling": None},
+    "glm4_moe": {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "intermediate_size": INTERMEDIATE,
+                 "moe_intermediate_size": MOE_INTERMEDIATE, "n_routed_experts": 16, "n_shared_experts": 1,
+                 "num_experts_per_tok": 4, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+                 "routed_scaling_factor": 2.5, "first_k_dense_replace": 1, "partial_rotary_factor": 0.5,
+                 "attention_bias": True, "use_qk_norm": True, "rope_theta": 1000000.0},
 }
 #: How each architecture's checkpoint carries its quantization config (both of SGLang's forms are covered).
-FLAT_CONFIG = {"llama": False, "qwen3": True, "qwen3_moe": False}
-
-_DTYPES = {torch.uint8: "U8", torch.float8_e4m3fn: "F8_E4M3", torch.float32: "F32", torch.bfloat16: "BF16"}
-
-
-def save_safetensors(tensors: dict, path: Path) -> None:
-    """The safetensors format (8-byte little-endian header length, JSON header, raw little-endian data)."""
-    header, blobs, offset = {}, [], 0
-    for name, tensor in tensors.items():
-        data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        header[name] = {"dtype": _DTYPES[tensor.dtype], "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    encoded = json.dumps({"__metadata__": {"format": "pt"}, **header}, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as stream:
-        stream.write(struct.pack("<Q", len(encoded)) + encoded)
-        for blob in blobs:
-            stream.write(blob)
-
-
-def load_safetensors(path: Path) -> dict:
-    """Read back what :func:`save_safetensors` wrote (for the CPU test of the format)."""
-    raw = Path(path).read_bytes()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
-    header.pop("__metadata__", None)
-    dtypes = {v: k for k, v in _DTYPES.items()}
-    tensors = {}
-    for name, entry in header.items():
-        begin, end = entry["data_offsets"]
-        data = bytearray(raw[8 + length + begin: 8 + length + end])
-        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        tensors[name] = flat.view(dtypes[entry["dtype"]]).reshape(entry["shape"])
-    return tensors
-
+FLAT_CONFIG = {"llama": False, "qwen3": True, "qwen3_moe": False, "deepseek_v3": False, "glm4_moe": True}
+#: Architectures whose layer 0 is dense and the rest MoE with a shared expert (DeepSeek's layout).
+SHARED_EXPERT_MOE = ("deepseek_v3", "glm4_moe")
 
 def quantize_weight(weight: torch.Tensor, weight_scale_2: torch.Tensor) -> dict:
     """``weight`` / ``weight_scale`` of an ``[N, K]`` bf16 weight, for a given per-tensor ``weight_scale_2``."""
@@ -101,38 +89,74 @@ def _linear(generator, rows, columns):
     return (torch.randn(rows, columns, generator=generator) / columns ** 0.5).to(torch.bfloat16)
 
 
+def _norm(size):
+    return torch.ones(size, dtype=torch.bfloat16)
+
+
+def _mlp(generator, parent, intermediate):
+    return [(parent, {"gate_proj": _linear(generator, intermediate, HIDDEN),
+                      "up_proj": _linear(generator, intermediate, HIDDEN)}),
+            (parent, {"down_proj": _linear(generator, HIDDEN, intermediate)})]
+
+
+def _mla_attention(generator, prefix, config):
+    """DeepSeek's MLA projections, bf16 (excluded from quantization)."""
+    heads, q_lora, kv_lora = HEADS, config["q_lora_rank"], config["kv_lora_rank"]
+    nope, rope, v = config["qk_nope_head_dim"], config["qk_rope_head_dim"], config["v_head_dim"]
+    return {
+        f"{prefix}.q_a_proj.weight": _linear(generator, q_lora, HIDDEN),
+        f"{prefix}.q_a_layernorm.weight": _norm(q_lora),
+        f"{prefix}.q_b_proj.weight": _linear(generator, heads * (nope + rope), q_lora),
+        f"{prefix}.kv_a_proj_with_mqa.weight": _linear(generator, kv_lora + rope, HIDDEN),
+        f"{prefix}.kv_a_layernorm.weight": _norm(kv_lora),
+        f"{prefix}.kv_b_proj.weight": _linear(generator, heads * (nope + v), kv_lora),
+        f"{prefix}.o_proj.weight": _linear(generator, HIDDEN, heads * v),
+    }
+
+
 def bf16_model(architecture: str, seed: int = 0):
     """(the bf16 tensors that stay bf16, the bf16 weights of the quantized linears grouped as SGLang fuses
     them: ``[(prefix, {name: weight})]``), from one seeded generator."""
     generator = torch.Generator().manual_seed(seed)
+    config = {**COMMON, **ARCHITECTURES[architecture]}
     plain = {
         "model.embed_tokens.weight": torch.randn(VOCAB, HIDDEN, generator=generator).to(torch.bfloat16),
-        "model.norm.weight": torch.ones(HIDDEN, dtype=torch.bfloat16),
+        "model.norm.weight": _norm(HIDDEN),
         "lm_head.weight": _linear(generator, VOCAB, HIDDEN),
     }
     groups = []
     for layer in range(LAYERS):
         prefix = f"model.layers.{layer}"
-        plain[f"{prefix}.input_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
-        plain[f"{prefix}.post_attention_layernorm.weight"] = torch.ones(HIDDEN, dtype=torch.bfloat16)
-        groups.append((f"{prefix}.self_attn", {"q_proj": _linear(generator, HEADS * HEAD_DIM, HIDDEN),
-                                               "k_proj": _linear(generator, KV_HEADS * HEAD_DIM, HIDDEN),
-                                               "v_proj": _linear(generator, KV_HEADS * HEAD_DIM, HIDDEN)}))
-        groups.append((f"{prefix}.self_attn", {"o_proj": _linear(generator, HIDDEN, HEADS * HEAD_DIM)}))
-        if architecture != "llama":
-            plain[f"{prefix}.self_attn.q_norm.weight"] = torch.ones(HEAD_DIM, dtype=torch.bfloat16)
-            plain[f"{prefix}.self_attn.k_norm.weight"] = torch.ones(HEAD_DIM, dtype=torch.bfloat16)
+        plain[f"{prefix}.input_layernorm.weight"] = _norm(HIDDEN)
+        plain[f"{prefix}.post_attention_layernorm.weight"] = _norm(HIDDEN)
+        if architecture == "deepseek_v3":
+            plain.update(_mla_attention(generator, f"{prefix}.self_attn", config))
+        else:
+            groups.append((f"{prefix}.self_attn", {"q_proj": _linear(generator, HEADS * HEAD_DIM, HIDDEN),
+                                                   "k_proj": _linear(generator, KV_HEADS * HEAD_DIM, HIDDEN),
+                                                   "v_proj": _linear(generator, KV_HEADS * HEAD_DIM, HIDDEN)}))
+            groups.append((f"{prefix}.self_attn", {"o_proj": _linear(generator, HIDDEN, HEADS * HEAD_DIM)}))
+        if architecture in ("qwen3", "qwen3_moe") or config.get("use_qk_norm"):
+            plain[f"{prefix}.self_attn.q_norm.weight"] = _norm(HEAD_DIM)
+            plain[f"{prefix}.self_attn.k_norm.weight"] = _norm(HEAD_DIM)
+        if config.get("attention_bias"):
+            for name, rows in (("q_proj", HEADS * HEAD_DIM), ("k_proj", KV_HEADS * HEAD_DIM),
+                               ("v_proj", KV_HEADS * HEAD_DIM)):
+                plain[f"{prefix}.self_attn.{name}.bias"] = (torch.randn(rows, generator=generator) * 0.02).to(
+                    torch.bfloat16)
         if architecture == "qwen3_moe":
             plain[f"{prefix}.mlp.gate.weight"] = _linear(generator, EXPERTS, HIDDEN)
-            experts = [f"{prefix}.mlp.experts.{expert}" for expert in range(EXPERTS)]
-            for parent in experts:
-                groups.append((parent, {"gate_proj": _linear(generator, MOE_INTERMEDIATE, HIDDEN),
-                                        "up_proj": _linear(generator, MOE_INTERMEDIATE, HIDDEN)}))
-                groups.append((parent, {"down_proj": _linear(generator, HIDDEN, MOE_INTERMEDIATE)}))
+            for expert in range(EXPERTS):
+                groups += _mlp(generator, f"{prefix}.mlp.experts.{expert}", MOE_INTERMEDIATE)
+        elif architecture in SHARED_EXPERT_MOE and layer >= config["first_k_dense_replace"]:
+            experts = config["n_routed_experts"]
+            plain[f"{prefix}.mlp.gate.weight"] = _linear(generator, experts, HIDDEN)
+            plain[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.randn(experts, generator=generator) * 0.01
+            for expert in range(experts):
+                groups += _mlp(generator, f"{prefix}.mlp.experts.{expert}", MOE_INTERMEDIATE)
+            groups += _mlp(generator, f"{prefix}.mlp.shared_experts", MOE_INTERMEDIATE * config["n_shared_experts"])
         else:
-            groups.append((f"{prefix}.mlp", {"gate_proj": _linear(generator, INTERMEDIATE, HIDDEN),
-                                             "up_proj": _linear(generator, INTERMEDIATE, HIDDEN)}))
-            groups.append((f"{prefix}.mlp", {"down_proj": _linear(generator, HIDDEN, INTERMEDIATE)}))
+            groups += _mlp(generator, f"{prefix}.mlp", INTERMEDIATE)
     return plain, groups
 
 
@@ -153,7 +177,9 @@ def model_tensors(architecture: str, seed: int = 0) -> dict:
 
 
 def exclude_modules(architecture: str) -> list:
-    return ["lm_head"] + (["model.layers.*.mlp.gate"] if architecture == "qwen3_moe" else [])
+    moe = architecture == "qwen3_moe" or architecture in SHARED_EXPERT_MOE
+    return (["lm_head"] + (["model.layers.*.mlp.gate"] if moe else [])
+            + (["model.layers.*.self_attn*"] if architecture == "deepseek_v3" else []))
 
 
 def write_checkpoint(architecture: str, directory: Path, seed: int = 0) -> Path:
@@ -170,5 +196,6 @@ def write_checkpoint(architecture: str, directory: Path, seed: int = 0) -> Path:
             "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
                              "exclude_modules": exclude_modules(architecture)}}, indent=2))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    save_safetensors(model_tensors(architecture, seed), directory / "model.safetensors")
+    tensors = {name: tensor.contiguous() for name, tensor in model_tensors(architecture, seed).items()}
+    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory

@@ -29,18 +29,29 @@ def on_scheduler_failure(signum, frame):
     Top-level so that ServerArgs, which carries it to the scheduler, can be pickled."""
 
 
-def engine_arguments(options) -> dict:
-    return dict(
+def engine_arguments(options, sglang_version: str) -> dict:
+    """Engine options. Decode CUDA graphs are off to save GPU minutes; the prefill graphs (torch.compile,
+    piecewise) are what the shim is for and stay at each release's default unless --disable-pcg. SGLang's own
+    choice of FP4 GEMM on SM90 (0.5.14: Marlin) never calls FlashInfer, so both releases are given the
+    FlashInfer cuDNN backend (sglang::fp4_gemm -> flashinfer.mm_fp4), as a Blackwell GPU would run it."""
+    arguments = dict(
         model_path=options.model, quantization="modelopt_fp4", skip_tokenizer_init=True,
         attention_backend="triton", fp4_gemm_runner_backend="flashinfer_cudnn", sampling_backend="pytorch",
-        # Decode CUDA graphs are off to save GPU minutes; the piecewise graphs (prefill, torch.compile) are
-        # what the shim is for, and stay on (0.5.11's default) unless --disable-pcg.
-        disable_cuda_graph=True, disable_piecewise_cuda_graph=options.disable_pcg,
-        piecewise_cuda_graph_tokens=CAPTURE_TOKENS, mem_fraction_static=0.5, max_total_tokens=2048,
+        mem_fraction_static=0.5, max_total_tokens=2048,
         max_running_requests=4, chunked_prefill_size=256, context_length=512, disable_radix_cache=True,
         random_seed=0, log_level="info", custom_sigquit_handler=on_scheduler_failure, tp_size=options.tp,
         nccl_port=options.nccl_port, kv_cache_dtype="auto",
     )
+    if sglang_version.startswith("0.5.11"):
+        arguments.update(disable_cuda_graph=True, disable_piecewise_cuda_graph=options.disable_pcg,
+                         piecewise_cuda_graph_tokens=CAPTURE_TOKENS)
+    else:  # 0.5.14: per-phase CUDA graph options; the prefill backend is left at its default, tc_piecewise
+        arguments.update(disable_decode_cuda_graph=True, disable_prefill_cuda_graph=options.disable_pcg,
+                         cuda_graph_bs_prefill=CAPTURE_TOKENS,
+                         # SGLang's NVFP4 MoE on SM90 is Marlin (a JIT build there); "triton" reaches SGLang's
+                         # cutlass_moe_fp4, which sm120_path/sitecustomize.py stands in for, as on 0.5.11.
+                         moe_runner_backend="triton")
+    return arguments
 
 
 def main() -> int:
@@ -56,9 +67,12 @@ def main() -> int:
     started = time.perf_counter()
     engine = None
     try:
+        import importlib.metadata
+
         import sglang
 
-        engine = sglang.Engine(**engine_arguments(options))
+        result["sglang"] = importlib.metadata.version("sglang")
+        engine = sglang.Engine(**engine_arguments(options, result["sglang"]))
         result["startup_s"] = time.perf_counter() - started
         begin = time.perf_counter()
         engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0.0, "max_new_tokens": 1})

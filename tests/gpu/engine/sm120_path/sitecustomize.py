@@ -1,4 +1,7 @@
-"""Test-only start-up module for the SGLang engine test: SGLang 0.5.11's SM12x NVFP4 path on an H200 (SM90).
+"""Test-only start-up module for the SGLang engine test: SGLang's FlashInfer NVFP4 path on an H200 (SM90).
+
+SGLang 0.5.11 takes it on SM12x; 0.5.14 on Blackwell (through its own ops). What is forced differs per
+release (the second list below is 0.5.14's); the stand-ins for kernels with no SM90 body are shared.
 
 On PYTHONPATH for the engine processes only, so that the spawned scheduler runs it too, and active only
 with FP4_DYNAMO_SHIM_TEST_SM120_PATH=1. It never imports fp4_dynamo_shim: the routes under test decide
@@ -23,6 +26,26 @@ Stand-ins for kernels that cannot run on SM90, and only those:
   (FlashInfer's ``mm_fp4``, which has no SM90 backend) -> a reference, so that the engine gets as far as
   piecewise capture, where Dynamo meets FlashInfer's ``fp4_quantize``. With the shim on,
   ``FP4_DYNAMO_SHIM_FALLBACK=reference`` makes the shim's own ``mm_fp4`` compute it: that is under test.
+
+SGLang 0.5.14 (read from its code; the release is read from the installed metadata):
+
+1. ``modelopt_quant.is_blackwell_supported`` -> True: ``ModelOptFp4LinearMethod.process_weights_after_loading``
+   refuses every non-Marlin FP4 GEMM backend below SM100 (modelopt_quant.py:1519), and the NVFP4 MoE method
+   refuses non-Blackwell GPUs unless it runs Marlin (modelopt_quant.py:1774). (0.5.14 accepts ModelOpt FP4
+   from capability 80, so nothing else is needed to load it.)
+2. (not patches) the engine is started with ``fp4_gemm_runner_backend="flashinfer_cudnn"`` (SGLang's own
+   choice on SM80-SM90 is Marlin, which never calls FlashInfer) and ``moe_runner_backend="triton"``, which
+   reaches SGLang's ``cutlass_moe_fp4`` (stood in below, as on 0.5.11) instead of the Marlin MoE, a JIT build
+   there; the MoE runs inside SGLang's own ``moe_forward_piecewise_cuda_graph_impl`` op either way.
+3. ``fp4_utils.py`` is left as SGLang wrote it: its op ``sglang::flashinfer_fp4_quantize`` calls
+   ``_flashinfer_fp4_quantize(..., backend="cuda")`` on SM90 as on SM12x.
+
+Only when the shim is switched off (``FP4_DYNAMO_SHIM_DISABLE=1``), for 0.5.14 (whose engine then has to
+serve, since SGLang wraps the calls itself): ``fp4_utils._flashinfer_fp4_quantize`` (FlashInfer's FP4
+quantize kernel writes nothing on SM90) -> the project's reference quantizer with the installed FlashInfer's
+arithmetic (what ``FP4_DYNAMO_SHIM_FALLBACK=reference`` computes when the shim is on), and
+``modelopt_quant.flashinfer_fp4_gemm`` -> the reference below, so the shim-off engine's greedy ids can be
+compared with the shimmed ones.
 
 It also writes what each scheduler process ended up with to ``$FP4_DYNAMO_SHIM_TEST_STATUS_DIR/<pid>.json``
 once ``Scheduler.__init__`` returns or fails (model loaded, graphs captured).
@@ -76,7 +99,8 @@ _dequantized = {}
 
 
 def reference_cutlass_moe_fp4(a, a1_gscale, w1_fp4, w1_blockscale, w1_alphas, a2_gscale, w2_fp4, w2_blockscale,
-                              w2_alphas, topk_weights, topk_ids, params, apply_router_weight_on_input=False):
+                              w2_alphas, topk_weights, topk_ids, params, apply_router_weight_on_input=False,
+                              no_combine=False):
     """Stand-in for SGLang's cutlass_moe_fp4 (see the module docstring): capture-safe, no host copies."""
     import torch
 
@@ -92,8 +116,8 @@ def reference_cutlass_moe_fp4(a, a1_gscale, w1_fp4, w1_blockscale, w1_alphas, a2
     x = a.to(torch.float32)
     routing = torch.zeros(x.shape[0], gate_up.shape[0], device=x.device, dtype=torch.float32)
     routing.scatter_(1, topk_ids.to(torch.int64), topk_weights.to(torch.float32))
-    if apply_router_weight_on_input:
-        raise NotImplementedError("the stand-in does not apply router weights on the input")
+    if apply_router_weight_on_input or no_combine:
+        raise NotImplementedError("the stand-in does not apply router weights on the input or skip the combine")
     out = torch.zeros(x.shape[0], down.shape[1], device=x.device, dtype=torch.float32)
     for expert in range(gate_up.shape[0]):
         gate, up = (x @ gate_up[expert].t()).chunk(2, dim=-1)
@@ -113,6 +137,47 @@ def reference_mm_fp4(a, b, a_descale, b_descale, alpha=None, out_dtype=None, *ar
     if alpha is not None:
         product = product * alpha.to(torch.float32).reshape(-1)[0]
     return product.to(out_dtype or torch.bfloat16)
+
+
+def reference_fp4_quantize(input, global_scale=None, sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True,
+                           is_sf_8x4_layout=False, enable_pdl=None, backend="cuda"):
+    """Stand-in for FlashInfer's fp4_quantize when the shim is off (0.5.14's fp4_utils op calls it): the
+    project's reference quantizer with the installed FlashInfer's arithmetic, in FlashInfer's output layout
+    (swizzled 128x4 scales viewed as [-1, round_up(K/16, 4)]). Imported only with FP4_DYNAMO_SHIM_DISABLE=1,
+    so that importing the package applies nothing."""
+    import importlib.metadata
+
+    import torch
+
+    from fp4_dynamo_shim import fp4_arithmetic, layout, targets
+
+    if sf_vec_size != 16 or sf_use_ue8m0 or not is_sf_swizzled_layout or is_sf_8x4_layout or input.dim() != 2:
+        raise NotImplementedError("the stand-in quantizes the call SGLang's linear layers make only")
+    target = targets.target_for(importlib.metadata.version("flashinfer-python"))
+    packed, scales = fp4_arithmetic.quantize(input.contiguous(), global_scale.to(torch.float32), 16, False,
+                                             recipe=fp4_arithmetic.recipe(target.arithmetic, 0))
+    columns = layout.round_up(input.shape[-1] // 16, 4)
+    return packed, layout.swizzle(scales, False).reshape(-1, columns)
+
+
+def _sglang_release():
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _patch_modelopt_0_5_14(module):
+    module.is_blackwell_supported = lambda: True
+    if os.environ.get("FP4_DYNAMO_SHIM_DISABLE") == "1":
+        module.flashinfer_fp4_gemm = reference_mm_fp4
+
+
+def _patch_fp4_utils_0_5_14(module):
+    if os.environ.get("FP4_DYNAMO_SHIM_DISABLE") == "1":
+        module._flashinfer_fp4_quantize = reference_fp4_quantize
 
 
 def _patch_modelopt(module):
@@ -136,12 +201,14 @@ def _describe():
         state = shim.status()
         report["shim"] = {key: state[key] for key in ("applied", "activated_by", "problem", "disabled", "fallback",
                                                        "devices", "flashinfer")}
-    modelopt = sys.modules.get("sglang.srt.layers.quantization.modelopt_quant")
-    if modelopt is not None:
-        for name in ("fp4_quantize", "flashinfer_fp4_gemm"):
-            bound = getattr(modelopt, name, None)
-            report[f"modelopt.{name}"] = ("shim" if getattr(bound, "__fp4_dynamo_shim__", False) else
-                                          getattr(bound, "__module__", None))
+    for short, module_name, names in (
+            ("modelopt", "sglang.srt.layers.quantization.modelopt_quant", ("fp4_quantize", "flashinfer_fp4_gemm")),
+            ("fp4_utils", "sglang.srt.layers.quantization.fp4_utils", ("_flashinfer_fp4_quantize",))):
+        module = sys.modules.get(module_name)
+        for name in names if module is not None else ():
+            bound = getattr(module, name, None)
+            report[f"{short}.{name}"] = ("shim" if getattr(bound, "__fp4_dynamo_shim__", False) else
+                                         getattr(bound, "__module__", None) or repr(bound)[:80])
     return report
 
 
@@ -164,10 +231,22 @@ def _patch_scheduler(module):
     module.Scheduler.__init__ = reporting_init
 
 
+#: What each release needs forced, module by module (see the module docstring for why).
+FORCED = {
+    "0.5.11": (("sglang.srt.layers.quantization.modelopt_quant", _patch_modelopt),
+               ("sglang.srt.layers.moe.cutlass_moe", _patch_cutlass_moe),
+               ("sglang.srt.managers.scheduler", _patch_scheduler)),
+    "0.5.14": (("sglang.srt.layers.quantization.modelopt_quant", _patch_modelopt_0_5_14),
+               ("sglang.srt.layers.quantization.fp4_utils", _patch_fp4_utils_0_5_14),
+               ("sglang.srt.layers.moe.cutlass_moe", _patch_cutlass_moe),
+               ("sglang.srt.managers.scheduler", _patch_scheduler)),
+}
+
 if _active():
     import wrapt
 
-    for _name, _patch in (("sglang.srt.layers.quantization.modelopt_quant", _patch_modelopt),
-                          ("sglang.srt.layers.moe.cutlass_moe", _patch_cutlass_moe),
-                          ("sglang.srt.managers.scheduler", _patch_scheduler)):
+    _release = _sglang_release()
+    if _release not in FORCED:
+        sys.stderr.write(f"sm120_path/sitecustomize.py: nothing written for SGLang {_release}; forcing nothing\n")
+    for _name, _patch in FORCED.get(_release, ()):
         wrapt.register_post_import_hook(_patch, _name)

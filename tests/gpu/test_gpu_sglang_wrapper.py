@@ -1,0 +1,90 @@
+"""SGLang >= 0.5.12's own FP4 op on a real GPU, with the shim applied before SGLang binds and by the plugin after.
+
+``tests/test_sglang_wrapper.py`` proves it on CPU; here the same verbatim SGLang code (``tests/sglang_wrapper.py``,
+with SGLang's own CUDA-only registration and no CPU kernel added) runs on CUDA tensors: SGLang's op gives
+exactly the shim's bytes (``FP4_DYNAMO_SHIM_FALLBACK=reference``: the H200 has no FP4 kernel body), compiled
+with ``fullgraph=True`` and replayed from a CUDA graph it gives the eager bytes, and with the real (empty)
+kernel launch (``launch``) its outputs have FlashInfer's shapes, strides and dtypes.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import flashinfer
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from fp4_dynamo_shim import patching, sglang, wrapper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import sglang_facts  # noqa: E402
+import sglang_wrapper  # noqa: E402
+
+VERSIONS = sglang_facts.SOURCE_RELEASES
+
+
+@pytest.fixture
+def sglang_op():
+    loaded = []
+
+    def load(version, route):
+        if route == "after":  # the plugin route: SGLang binds FlashInfer's own function, the plugin rebinds it
+            fallback = patching.status()["fallback"]
+            fp4_dynamo_shim.revert()
+            loaded.append(sglang_wrapper.load(version, sm100=torch.cuda.get_device_capability()[0] == 10,
+                                              cpu_kernel=False))
+            sglang.plugin()
+            assert patching.status()["fallback"] == fallback
+        else:
+            loaded.append(sglang_wrapper.load(version, sm100=torch.cuda.get_device_capability()[0] == 10,
+                                              cpu_kernel=False))
+        fp4_utils = loaded[-1].fp4_utils
+        assert wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+        return fp4_utils
+
+    yield load
+    for each in reversed(loaded):
+        each.unload()
+
+
+def _inputs():
+    generator = torch.Generator(device="cuda").manual_seed(18)
+    for rows, columns in ((1, 2048), (37, 256), (256, 7168)):
+        x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16, generator=generator) * 3
+        yield x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+
+
+@pytest.mark.parametrize("route", ["before", "after"])
+@pytest.mark.parametrize("version", VERSIONS)
+def test_sglangs_op_gives_the_shims_bytes_eager_compiled_and_replayed(version, route, sglang_op, reference_mode):
+    fp4_utils = sglang_op(version, route)
+    compiled = torch.compile(lambda x, s: fp4_utils.fp4_quantize(x, s), fullgraph=True, backend="inductor")
+    for x, scale in _inputs():
+        eager = fp4_utils.fp4_quantize(x, scale)
+        for got, want in zip(eager, flashinfer.fp4_quantize(x, scale)):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+            assert torch.equal(got, want)
+        for _ in range(2):
+            compiled(x, scale)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = compiled(x, scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(c, e) for c, e in zip(captured, eager))
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_with_the_real_kernel_launch_sglangs_op_has_flashinfers_layout(version, sglang_op, launch_mode):
+    fp4_utils = sglang_op(version, "after")
+    original = patching.original_function()
+    for x, scale in _inputs():
+        try:
+            expected = original(x, scale, backend="cuda")
+        except RuntimeError as error:  # FlashInfer 0.7.4 refuses SM<100 itself; 0.6.12 launches the empty kernel
+            pytest.skip(f"FlashInfer's own function refuses this GPU: {str(error)[:120]}")
+        for got, want in zip(fp4_utils.fp4_quantize(x, scale), expected):
+            assert (got.shape, got.stride(), got.dtype, got.device) == (want.shape, want.stride(), want.dtype, want.device)
