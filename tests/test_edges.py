@@ -18,7 +18,7 @@ import torch
 import fp4_dynamo_shim
 import fp4_dynamo_shim_hook as startup
 import fp4_oracle
-from fp4_dynamo_shim import checks, fp4_arithmetic, ops, patching, preload, reference, sglang, targets
+from fp4_dynamo_shim import checks, ops, patching, preload, reference, sglang, targets
 from fp4_dynamo_shim.fp4_arithmetic import FourOverSix, Recipe
 from helpers import run_python
 
