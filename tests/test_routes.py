@@ -89,7 +89,7 @@ def test_where_no_hook_can_run_the_import_warns_and_verify_fails_the_worker_chec
     result = path_only.command(VERIFY, env=environment)
     assert result.returncode == 1, result.stdout[-2000:]
     worker = checks(result)["worker-activation"]
-    assert worker["result"] == "fail" and "did NOT apply the shim" in worker["detail"], worker
+    assert worker["result"] == "fail" and "plain launch (this environment, FP4_DYNAMO_SHIM='1'): NOT applied" in worker["detail"], worker
 
 
 # --- one switch stops everything -------------------------------------------------------------------------

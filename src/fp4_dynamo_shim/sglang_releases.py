@@ -24,6 +24,7 @@ class SglangRelease:
     note: str
 
 
+_NOT_AVAILABLE = "not available"
 _ON_BY_DEFAULT = "on by default (--disable-piecewise-cuda-graph turns it off)"
 _NEEDED_BY_DEFAULT = ("piecewise CUDA graph is on by default and traces fp4_quantize with fullgraph=True: the shim is "
                       "needed on NVFP4")
@@ -32,7 +33,7 @@ _SGLANG_WRAPS = ("SGLang wraps fp4_quantize as sglang::flashinfer_fp4_quantize f
                  "call sites")
 
 SGLANG_RELEASES = (
-    SglangRelease(SpecifierSet("<0.5.3.post2"), "not available", False, False, False,
+    SglangRelease(SpecifierSet("<0.5.3.post2"), _NOT_AVAILABLE, False, False, False,
                   "no torch.compile piecewise CUDA graph in this SGLang; the shim is harmless and not needed for SGLang"),
     SglangRelease(SpecifierSet(">=0.5.3.post2,<0.5.10"), "opt-in: --enable-piecewise-cuda-graph", False, True, False,
                   "piecewise CUDA graph traces fp4_quantize with fullgraph=True when enabled: the shim is needed on "
@@ -67,6 +68,12 @@ def release_for(version: Optional[str]) -> Optional[SglangRelease]:
         if release.versions.contains(parsed, prereleases=True):
             return release
     return None
+
+
+def needs_shim(release: Optional[SglangRelease]) -> bool:
+    """Whether this SGLang's schedulers need the shim on NVFP4: its torch.compile piecewise CUDA graph traces
+    ``flashinfer.fp4_quantize`` itself (from 0.5.12 SGLang wraps that call in its own op)."""
+    return release is not None and release.piecewise_cuda_graph != _NOT_AVAILABLE and not release.wraps_fp4_quantize
 
 
 PLUGIN_GROUP = "sglang.srt.plugins"
