@@ -307,9 +307,8 @@ def check_worker_activation(device: str) -> str:
     """What the user's own launch gets in its workers. Two children are started the way SGLang starts its
     schedulers (multiprocessing spawn, no import of the shim there, SGLang's plugins loaded where the installed
     release loads them): one with this environment minus what verify or ``import fp4_dynamo_shim`` set here,
-    as a plain ``python -m sglang.launch_server`` starts, and one with FP4_DYNAMO_SHIM=1 added. Fails where the
-    plain launch's worker runs without the shim although activation was asked for (FP4_DYNAMO_SHIM, an
-    always-on hook) or the installed SGLang needs it, and where no route reaches a worker at all."""
+    as a plain ``python -m sglang.launch_server`` starts, and one with FP4_DYNAMO_SHIM=1 added. The verdict is
+    :func:`worker_verdict`'s."""
     import multiprocessing
 
     import fp4_dynamo_shim_hook
@@ -327,7 +326,6 @@ def check_worker_activation(device: str) -> str:
     started = [_start_probe(context, variables, run_plugins) for variables in (plain, {**plain, variable: "1"})]
     plain_report, variable_report = [_probe_report(*probe) for probe in started]
 
-    needed = sglang_releases.needs_shim(release)
     enabled, problem = fp4_dynamo_shim_hook.switch(variable, plain)
     routes = state["routes"]
     asked = [reason for reason, present in (
@@ -335,28 +333,41 @@ def check_worker_activation(device: str) -> str:
         (f"an always-on hook ({routes['hook_pth'] or routes['sitecustomize']})",
          routes["hook_pth"] or routes["sitecustomize"]),
     ) if present]
-    if version is None:
+    passed, detail = worker_verdict(plain_report, variable_report, asked, version)
+    if not passed:
+        raise AssertionError(detail)
+    return detail
+
+
+def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_version: Optional[str]) -> tuple:
+    """(passed, what to print) from the two probe workers' reports: it fails where the plain launch's worker
+    runs without the shim although ``asked`` names what asks for it (FP4_DYNAMO_SHIM, an always-on hook) or
+    the installed SGLang needs it, and where no route reaches a worker at all."""
+    variable = "FP4_DYNAMO_SHIM"
+    release = sglang_releases.release_for(sglang_version)
+    needed = sglang_releases.needs_shim(release)
+    if sglang_version is None:
         sglang_line = "sglang not installed"
     elif needed:
-        sglang_line = (f"sglang {version} needs the shim in its schedulers"
+        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers"
                        + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
     elif release is None:
-        sglang_line = f"sglang {version}: a release this shim's table does not know"
+        sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"
     else:
-        sglang_line = f"sglang {version} does not need it (no piecewise CUDA graph of its traces flashinfer.fp4_quantize)"
-    detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): "
-              f"{_outcome(plain_report)}; with {variable}=1: {_outcome(variable_report)}; {sglang_line}")
-    if plain_report.get("active"):
-        return detail
+        sglang_line = f"sglang {sglang_version} does not need it (no piecewise CUDA graph there traces fp4_quantize)"
+    detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): {_outcome(plain)}; "
+              f"with {variable}=1: {_outcome(with_variable)}; {sglang_line}")
     see = "see docs/usage.md, \"Is it active in my SGLang workers?\""
-    if not variable_report.get("active"):
-        raise AssertionError(f"{detail}. No route reaches a spawned worker here (a .pth runs only from an installed "
-                             f"package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
-                             f"`fp4-dynamo-shim install-hook`; {see}")
+    if plain.get("active"):
+        return True, detail
+    if not with_variable.get("active"):
+        return False, (f"{detail}. No route reaches a spawned worker here (a .pth runs only from an installed "
+                       f"package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
     if asked or needed:
-        raise AssertionError(f"{detail}. Start the launch with {variable}=1 (checked above: that works), or run "
-                             f"`fp4-dynamo-shim install-hook`; {see}")
-    return f"{detail}; nothing here asks a plain launch for the shim"
+        return False, (f"{detail}. Start the launch with {variable}=1 (checked above: that works), or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
+    return True, f"{detail}; nothing here asks a plain launch for the shim"
 
 
 def check_baseline(device: str) -> str:

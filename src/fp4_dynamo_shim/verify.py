@@ -156,6 +156,18 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, 
     print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; exit {exit_code}")
 
 
+def json_document(env: dict, status: dict, device: str, results: List[Result], exit_code: int) -> dict:
+    """What ``--json`` prints (docs/usage.md describes each key)."""
+    return {
+        "environment": env,
+        "status": status,
+        "device": device,
+        "checks": [dataclasses.asdict(r) for r in results],
+        "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
+        "exit_code": exit_code,
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = Parser(prog="fp4-dynamo-shim verify", description=__doc__.split("\n\n")[0],
                     epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
@@ -190,15 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         status = fp4_dynamo_shim.status()
 
     if options.json:
-        document = {
-            "environment": env,
-            "status": status,
-            "device": device,
-            "checks": [dataclasses.asdict(r) for r in results],
-            "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
-            "exit_code": exit_code,
-        }
-        print(json.dumps(document, indent=2))
+        print(json.dumps(json_document(env, status, device, results, exit_code), indent=2))
     else:
         _print_text(env, status, results, exit_code, options.verbose)
     return exit_code
