@@ -18,6 +18,7 @@ import pytest
 
 import venvs
 from fp4_dynamo_shim import hook
+from helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 STRICT_AND_BAD = {"FP4_DYNAMO_SHIM_STRICT": "1", "FP4_DYNAMO_SHIM_FALLBACK": "bogus"}
@@ -73,20 +74,14 @@ def test_strict_with_a_bad_value_every_command_but_verify_runs_and_applies_nothi
     assert not (tmp_path / "sitecustomize.py").exists()  # installed, checked, and removed again
 
 
-@pytest.mark.parametrize("how", ["console-script", "python -m"])
-def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed, how):
-    command = ["verify", "--json"] if how == "console-script" else ["-m", "fp4_dynamo_shim.verify", "--json"]
-    result = console(installed, *command, env=STRICT_AND_BAD) if how == "console-script" else \
-        installed.command(command, env=STRICT_AND_BAD)
+def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed):
+    result = console(installed, "verify", "--json", env=STRICT_AND_BAD)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     document = json.loads(result.stdout)
     assert document["exit_code"] == 2 and not document["status"]["applied"]
     (check,) = document["checks"]
     assert check["name"] == "apply" and check["result"] == "fail"
     assert check["detail"].startswith("ApplyError: FP4_DYNAMO_SHIM_FALLBACK='bogus' is not understood")
-    text = installed.command(["-m", "fp4_dynamo_shim.verify"], env=STRICT_AND_BAD)
-    assert text.returncode == 2 and "Traceback" not in text.stderr
-    assert re.search(r"^  FAIL  apply +ApplyError: FP4_DYNAMO_SHIM_FALLBACK='bogus'", text.stdout, re.M), text.stdout
 
 
 def test_install_hook_under_the_kill_switch_installs_checks_and_says_the_switch_is_set(installed):
@@ -103,6 +98,42 @@ def test_install_hook_under_the_kill_switch_installs_checks_and_says_the_switch_
     assert not pth.exists()
 
 
+# --- the same from the source tree (no install: fast) -------------------------------------------------------
+
+def test_python_m_from_the_source_tree_applies_nothing_and_loads_neither_torch_nor_flashinfer():
+    for arguments in (["--version"], ["--help"], ["uninstall-hook", "--site-dir", "."]):
+        result = run_python(None, env=STRICT_AND_BAD, args=("-X", "importtime", "-m", "fp4_dynamo_shim", *arguments))
+        assert result.returncode == 0 and "ApplyError" not in result.stderr, (arguments, result.stderr[-2000:])
+        assert not loaded(result.stderr) & {"torch", "flashinfer"}, arguments
+
+
+@pytest.mark.parametrize("output", ["--json", "text"])
+def test_python_m_verify_from_the_source_tree_reports_a_failed_apply(output):
+    result = run_python(None, env=STRICT_AND_BAD, args=("-m", "fp4_dynamo_shim.verify",
+                                                        *(["--json"] if output == "--json" else [])))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    if output == "--json":
+        assert [(c["name"], c["result"]) for c in json.loads(result.stdout)["checks"]] == [("apply", "fail")]
+    else:
+        assert re.search(r"^  FAIL  apply +ApplyError: FP4_DYNAMO_SHIM_FALLBACK='bogus'", result.stdout, re.M)
+        assert "summary: 0 passed, 1 failed, 0 skipped; exit 2" in result.stdout
+
+
+def test_requires_python_is_what_the_dependencies_need_and_the_readme_says_it():
+    """torch 2.13 and flashinfer-python 0.5.3-0.7.4 exist for Python >= 3.10 only (pip download --python-version
+    3.9 finds none): the project may not claim less. Read from the installed dependencies' metadata."""
+    import importlib.metadata
+
+    needed = max(_lower_bound(importlib.metadata.metadata(name)["Requires-Python"])
+                 for name in ("torch", "flashinfer-python"))
+    assert _lower_bound(declared_requires_python()) == needed, (declared_requires_python(), needed)
+    assert f"Python >= {needed[0]}.{needed[1]}" in (ROOT / "README.md").read_text()
+
+
+def declared_requires_python() -> str:
+    return re.search(r'^requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+
+
 def _lower_bound(specifier: str) -> tuple:
     """The lowest Python a Requires-Python specifier allows, as (major, minor)."""
     from packaging.specifiers import SpecifierSet
@@ -111,14 +142,6 @@ def _lower_bound(specifier: str) -> tuple:
     return allowed[0]
 
 
-def test_requires_python_and_the_readme_say_what_the_dependencies_install_on(installed):
-    """torch 2.13 and flashinfer-python 0.5.3-0.7.4 exist for Python >= 3.10 only (pip download --python-version
-    3.9 finds none): the project may not claim less. Read from the installed dependencies and from the wheel."""
-    import importlib.metadata
-
-    needed = max(_lower_bound(importlib.metadata.metadata(name)["Requires-Python"])
-                 for name in ("torch", "flashinfer-python"))
-    declared = re.search(r'^requires-python = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
+def test_the_wheel_declares_the_requires_python_of_pyproject(installed):
     wheel = installed.run("import importlib.metadata as m; print(m.metadata('fp4-dynamo-shim')['Requires-Python'])")
-    assert wheel.stdout.strip() == declared and _lower_bound(declared) == needed, (declared, needed)
-    assert f"Python >= {needed[0]}.{needed[1]}" in (ROOT / "README.md").read_text()
+    assert wheel.stdout.strip() == declared_requires_python()
