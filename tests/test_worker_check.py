@@ -45,7 +45,8 @@ def test_a_plain_launch_without_a_route_fails_on_an_sglang_that_needs_the_shim(w
     assert check["result"] == "fail", check
     assert "plain launch (this environment): NOT applied" in check["detail"]
     assert "with FP4_DYNAMO_SHIM=1: applied by the package's .pth hook" in check["detail"]
-    assert f"sglang {SGLANG} needs the shim in its schedulers and loads no plugins" in check["detail"]
+    assert f"sglang {SGLANG} needs the shim in its schedulers (piecewise CUDA graph opt-in: " in check["detail"]
+    assert "and loads no plugins (before 0.5.11)" in check["detail"]
     assert "Start the launch with FP4_DYNAMO_SHIM=1" in check["detail"]
 
 

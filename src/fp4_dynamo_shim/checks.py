@@ -349,7 +349,8 @@ def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_ve
     if sglang_version is None:
         sglang_line = "sglang not installed"
     elif needed:
-        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers"
+        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers (piecewise CUDA graph "
+                       f"{release.piecewise_cuda_graph})"
                        + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
     elif release is None:
         sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"

