@@ -145,3 +145,31 @@ def _lower_bound(specifier: str) -> tuple:
 def test_the_wheel_declares_the_requires_python_of_pyproject(installed):
     wheel = installed.run("import importlib.metadata as m; print(m.metadata('fp4-dynamo-shim')['Requires-Python'])")
     assert wheel.stdout.strip() == declared_requires_python()
+
+
+def _python39():
+    """A working Python 3.9 interpreter, if this machine has one (a pyenv shim alone may not run)."""
+    import glob
+    import shutil
+    import subprocess
+
+    candidates = [shutil.which("python3.9"), *sorted(glob.glob(str(Path.home() / ".pyenv/versions/3.9*/bin/python")))]
+    for candidate in filter(None, candidates):
+        check = subprocess.run([candidate, "-c", "import sys, pip; assert sys.version_info[:2] == (3, 9)"],
+                               capture_output=True)
+        if check.returncode == 0:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(_python39() is None, reason="no Python 3.9 interpreter on this machine")
+def test_pip_on_python_3_9_refuses_the_wheel_by_its_requires_python(installed):
+    """What a user of 3.9 sees now: pip names the Python requirement (before: "No matching distribution" for
+    torch or flashinfer-python, after the shim itself was accepted)."""
+    import os
+    import subprocess
+
+    wheel = os.environ.get("FP4_DYNAMO_SHIM_TEST_WHEEL") or str(next((installed.root / "wheels").glob("*.whl")))
+    result = subprocess.run([_python39(), "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", wheel],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "requires a different Python: 3.9" in result.stderr, result.stderr[-1500:]
