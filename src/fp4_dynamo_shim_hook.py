@@ -17,7 +17,6 @@ the package learns why it is being imported (:func:`import_route`): by a start-u
 project's own command line (which applies only for the commands that need it), or by the user.
 """
 
-import contextlib
 import os
 import sys
 
@@ -81,14 +80,18 @@ def enabled_by_environment():
     return enabled and not disabled
 
 
-@contextlib.contextmanager
-def _importing_as(name):
-    """Mark the package's import inside the block as ``name``'s (see :func:`import_route`)."""
-    global activating
-    activating = name
-    try:
-        yield
-    finally:
+class _importing_as:  # noqa: N801  (used as a context manager; contextlib would cost every interpreter start)
+    """Mark the package's import inside the with-block as ``name``'s (see :func:`import_route`)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        global activating
+        activating = self.name
+
+    def __exit__(self, *exception):
+        global activating
         activating = None
 
 

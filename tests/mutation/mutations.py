@@ -345,7 +345,7 @@ MUTATIONS = [
              'if False and _module_after_m(',
              "tests/test_cli.py::test_python_m_from_the_source_tree_applies_nothing_and_loads_neither_torch_nor_flashinfer"),
     mutation("console-script-not-the-clis", "the console script's import is taken for the user's import",
-             "src/fp4_dynamo_shim_hook.py", "    with _importing_as(CLI):\n", "    with contextlib.nullcontext():\n",
+             "src/fp4_dynamo_shim_hook.py", "    with _importing_as(CLI):\n", "    with _importing_as(None):\n",
              "tests/test_cli.py::test_strict_with_a_bad_value_every_command_but_verify_runs_and_applies_nothing",
              fast=False),
     mutation("verify-apply-error-raw", "verify dies with ApplyError's traceback instead of reporting it",
