@@ -12,7 +12,9 @@ per process start, which is noise next to importing flashinfer but not next to `
 Nothing here may stop the program, so every failure becomes one warning.
 
 It is also where the project's on/off switches are parsed (stdlib only, so that start-up code can use it),
-and where verify's worker probe lives (a spawned child must be able to import it without the shim).
+where verify's worker probe lives (a spawned child must be able to import it without the shim), and where
+the package learns why it is being imported (:func:`import_route`): by a start-up route, by the
+project's own command line (which applies only for the commands that need it), or by the user.
 """
 
 import os
@@ -25,10 +27,15 @@ DISABLE_VARIABLE = "FP4_DYNAMO_SHIM_DISABLE"
 
 #: The start-up route that installed the hook in this process ("pth", "install-hook" or "sitecustomize").
 route = None
-#: Set while the hook imports the shim, so that the shim records which route applied it.
+#: Set while a route here imports the package (a start-up route's name, "plugin" or :data:`CLI`).
 activating = None
+#: What :func:`import_route` answers for the command line: the package's import then applies nothing.
+CLI = "cli"
+#: The modules ``python -m`` runs as the command line (their package is imported on the way).
+CLI_MODULES = ("fp4_dynamo_shim", "fp4_dynamo_shim.__main__", "fp4_dynamo_shim.verify")
 _installed = False
-_warned = set()
+#: The warnings printed in this process (the package's own warnings skip these: one warning per message).
+warned = set()
 
 
 def switch(name, environ=None):
@@ -46,9 +53,9 @@ def switch(name, environ=None):
 
 def warn(message):
     """One warning per message and process, on stderr, where a start-up failure has to be seen."""
-    if message in _warned:
+    if message in warned:
         return
-    _warned.add(message)
+    warned.add(message)
     import logging
 
     logger = logging.getLogger("fp4_dynamo_shim.hook")
@@ -73,17 +80,64 @@ def enabled_by_environment():
     return enabled and not disabled
 
 
+class _importing_as:  # noqa: N801  (used as a context manager; contextlib would cost every interpreter start)
+    """Mark the package's import inside the with-block as ``name``'s (see :func:`import_route`)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        global activating
+        activating = self.name
+
+    def __exit__(self, *exception):
+        global activating
+        activating = None
+
+
+def import_route():
+    """Why the package is being imported, asked by its ``__init__``: the route's name while a route here
+    imports it (the hook, the plugin), :data:`CLI` for the command line (``fp4-dynamo-shim``, ``python -m
+    fp4_dynamo_shim``, ``python -m fp4_dynamo_shim.verify``), else "import" (the user's own import)."""
+    if activating is not None:
+        return activating
+    # While ``python -m X`` locates X, sys.argv[0] is "-m" and X's packages are imported; X itself is only in
+    # the original command line.
+    if sys.argv[:1] == ["-m"] and _module_after_m(getattr(sys, "orig_argv", ())[1:]) in CLI_MODULES:
+        return CLI
+    return "import"
+
+
+def _module_after_m(arguments):
+    """The module name ``python -m`` was given in ``arguments`` (the interpreter's options onwards), or None."""
+    arguments = list(arguments)
+    while arguments:
+        argument = arguments.pop(0)
+        if argument == "--" or not argument.startswith("-") or argument == "-":
+            return None
+        if argument.startswith("--"):
+            continue
+        for position, flag in enumerate(argument[1:], 1):
+            rest = argument[position + 1:]
+            if flag == "m":
+                return rest or (arguments[0] if arguments else None)
+            if flag == "c":
+                return None
+            if flag in "XW":  # an option with a value: the rest of this argument or the next one
+                if not rest and arguments:
+                    arguments.pop(0)
+                break
+    return None
+
+
 def _on_flashinfer_imported(module):
-    global activating
-    activating = route
     try:
-        import fp4_dynamo_shim  # noqa: F401  (importing applies the shim)
+        with _importing_as(route):
+            import fp4_dynamo_shim  # noqa: F401  (importing applies the shim)
     except Exception as error:
         if type(error).__name__ == "ApplyError":  # FP4_DYNAMO_SHIM_STRICT=1 asked for this to be loud
             raise
         _warn_failure("applying the shim", error)
-    finally:
-        activating = None
 
 
 class _AwaitFlashinfer:
@@ -145,13 +199,18 @@ def sglang_plugin():
     It lives here, outside the package, so that importing it does not count as ``import fp4_dynamo_shim``:
     the package's import route would export FP4_DYNAMO_SHIM=1 and hand every child to the import hook,
     and the plugin route could never be seen on its own."""
-    global activating
-    activating = "plugin"
-    try:
+    with _importing_as("plugin"):
         from fp4_dynamo_shim import sglang
-    finally:
-        activating = None
     sglang.plugin()
+
+
+def cli():
+    """The ``fp4-dynamo-shim`` console script. It lives here, outside the package, for the same reason as
+    the plugin: the package's import must not apply the shim for ``--version``, ``status`` or the hook
+    commands (``verify`` applies it itself)."""
+    with _importing_as(CLI):
+        from fp4_dynamo_shim.cli import main
+    return main()
 
 
 def probe_worker(queue, run_sglang_plugins=False):

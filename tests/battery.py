@@ -85,3 +85,71 @@ CASES = [
 GPU_CASES = [
     case("global_scale_on_cpu", "global_scale", _x(), scale=lambda d: _scale("cpu")),
 ]
+
+#: A meta tensor next to a real one (issue 19): the dispatcher sends such a call to the op's fake, whose
+#: outputs are uninitialized memory, so every path must refuse it by device type (``get_device()`` is -1 for
+#: CPU and meta alike), naming the argument. Built with the real tensor on the given device.
+META_CASES = [
+    case("global_scale_on_meta", "global_scale is on meta", _x(), scale=lambda d: _scale("meta")),
+    case("input_on_meta", "input is on meta", lambda d: _x()("meta")),
+    case("column_major_input_on_meta", "input is on meta", lambda d: _x(rows=64)("meta").t().contiguous().t()),
+]
+#: Only meta tensors: legal, meta outputs of the real call's shapes, strides and dtypes, as from any PyTorch op.
+ALL_META_CASES = [
+    case("input_and_global_scale_on_meta", None, lambda d: _x()("meta"), scale=lambda d: _scale("meta")),
+    case("column_major_on_meta", None, lambda d: _x(rows=64)("meta").t().contiguous().t(),
+         scale=lambda d: _scale("meta")),
+    case("mxfp4_on_meta", None, lambda d: _x()("meta"), scale=lambda d: None, sf_vec_size=32, sf_use_ue8m0=True),
+]
+
+
+def _shim_op(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False):
+    from fp4_dynamo_shim import ops
+
+    return ops.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, True, False, False, None, 0)
+
+
+def _flashinfer_op(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False):
+    return torch.ops.flashinfer.fp4_quantize(input, global_scale, sf_vec_size, sf_use_ue8m0)
+
+
+def _function(*args, **kwargs):
+    import flashinfer
+
+    return flashinfer.fp4_quantize(*args, **kwargs)
+
+
+def _compiled(function):
+    return lambda: torch.compile(function, fullgraph=True, backend="eager")
+
+
+#: Every way a caller reaches the quantizer: FlashInfer's function (eager, and compiled), the shim's op and
+#: FlashInfer's own op (directly, and compiled). Each entry makes the callable.
+CALLERS = {
+    "eager": lambda: _function,
+    "compiled": _compiled(_function),
+    "shim_op": lambda: _shim_op,
+    "compiled_shim_op": _compiled(_shim_op),
+    "flashinfer_op": lambda: _flashinfer_op,
+    "compiled_flashinfer_op": _compiled(_flashinfer_op),
+}
+
+
+def caller_for(name: str):
+    """The callable for ``CALLERS[name]``; skips the test where FlashInfer has no op of its own (< 0.6.12)."""
+    import pytest
+
+    from fp4_dynamo_shim import flashinfer_op
+
+    if "flashinfer_op" in name and not flashinfer_op.flashinfer_has_op():
+        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    return CALLERS[name]()
+
+
+def assert_carries(error: BaseException, expected: type, problem: str):
+    """The error is ``expected`` with the problem in its message, or Dynamo's wrapper carrying both."""
+    text = str(error)
+    if not isinstance(error, expected):
+        assert isinstance(error, torch._dynamo.exc.TorchDynamoException), repr(error)[:600]
+        assert expected.__name__ in text, text[:600]
+    assert problem.lower() in text.lower(), text[:600]

@@ -15,7 +15,7 @@ import flashinfer
 import pytest
 import torch
 
-from battery import CASES, Case
+from battery import ALL_META_CASES, CALLERS, CASES, META_CASES, Case, assert_carries, caller_for
 from helpers import installed_target
 from fp4_dynamo_shim import ops, preload
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
@@ -39,15 +39,6 @@ def call(function, case: Case):
 
 def compiled_quantize(*args, **kwargs):
     return flashinfer.fp4_quantize(*args, **kwargs)
-
-
-def assert_carries(error: BaseException, expected: type, problem: str):
-    """The error is ``expected`` with the problem in its message, or Dynamo's wrapper carrying both."""
-    text = str(error)
-    if not isinstance(error, expected):
-        assert isinstance(error, torch._dynamo.exc.TorchDynamoException), repr(error)[:600]
-        assert expected.__name__ in text, text[:600]
-    assert problem.lower() in text.lower(), text[:600]
 
 
 def never_reached(graph_module, example_inputs):
@@ -131,6 +122,8 @@ def test_the_direct_path_gives_the_general_paths_result_or_error(monkeypatch):
             return type(error), str(error)
         return [(t.shape, t.stride(), t.dtype, t.tolist()) for t in result]
 
+    # The meta cases are not here: the stand-in puts a kernel at get_device() == -1, which CPU and meta share;
+    # real kernels sit at CUDA indices only, and the GPU battery runs the meta cases on the real direct path.
     general = {case.name: outcome(case) for case in CASES}
     assert not entered
     monkeypatch.setitem(ops._direct_kernels, -1, (reference_entry, True))
@@ -146,3 +139,24 @@ def _brief(outcome):
     if isinstance(outcome, tuple):  # (error class, message)
         return outcome
     return [(shape, stride, dtype, hash(repr(values))) for shape, stride, dtype, values in outcome]
+
+
+# --- meta tensors (issue 19) -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("case", META_CASES, ids=lambda c: c.name)
+def test_a_meta_tensor_next_to_a_real_one_is_refused_on_every_path(case, caller):
+    with pytest.raises(Exception) as error:
+        call(caller_for(caller), case)
+    assert_carries(error.value, InvalidArgumentError, case.problem)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("case", ALL_META_CASES, ids=lambda c: c.name)
+def test_meta_tensors_alone_give_meta_outputs_shaped_like_the_real_ones(case, caller):
+    args, kwargs = case.build("cpu")
+    real_args = [torch.ones_like(a, device="cpu") if isinstance(a, torch.Tensor) else a for a in args]  # strides kept
+    real = flashinfer.fp4_quantize(*real_args, **kwargs)
+    got = caller_for(caller)(*args, **kwargs)
+    assert [(t.device.type, t.shape, t.stride(), t.dtype) for t in got] == \
+        [("meta", t.shape, t.stride(), t.dtype) for t in real]

@@ -9,13 +9,14 @@ compiled with eager only compares the reference with itself.
 from __future__ import annotations
 
 import inspect
+import re
 
 import flashinfer
 import pytest
 import torch
 
 from fp4_dynamo_shim import family, family_ops, layout, patching, reference
-from fp4_dynamo_shim.errors import NotExpressibleError
+from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
 from release_facts import installed_facts
 
@@ -296,3 +297,45 @@ def test_arguments_no_op_carries_reach_flashinfer_eagerly_and_fail_clearly_compi
     with pytest.raises(Exception) as error:
         compiled(*args)
     assert NotExpressibleError.__name__ in str(error.value) and "cannot run inside torch.compile" in str(error.value)
+
+
+# --- meta tensors (issue 19) -------------------------------------------------------------------------------
+
+def _meta_variants():
+    """(name, which) for each family function and each tensor argument made meta, the others real."""
+    for name, (function, args, kwargs) in calls().items():
+        for index, value in enumerate(args):
+            if isinstance(value, torch.Tensor) and len([a for a in args if isinstance(a, torch.Tensor)]) > 1:
+                yield name, index
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name, index", list(_meta_variants()))
+def test_a_meta_tensor_next_to_real_ones_is_refused_naming_the_argument(name, index, compiled):
+    """Such a call reaches the op's fake, which would hand back uninitialized memory."""
+    if not flashinfer_has(name):
+        pytest.skip(f"this FlashInfer has no {name}")
+    function, args, kwargs = calls()[name]
+    args = tuple(a.to("meta") if i == index else a for i, a in enumerate(args))
+    run = torch.compile(lambda *a: function(*a, **kwargs), fullgraph=True, backend="eager") if compiled else \
+        (lambda *a: function(*a, **kwargs))
+    with pytest.raises(Exception) as error:
+        run(*args)
+    text = str(error.value)
+    assert "InvalidArgumentError" in text or isinstance(error.value, InvalidArgumentError), text[:600]
+    assert re.search(r"\w+ is on (meta|cpu) but \w+ is on (cpu|meta); a meta tensor only goes with", text), text[:600]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("name", NAMES)
+def test_meta_tensors_alone_give_meta_outputs_shaped_like_the_real_ones(name, compiled):
+    if not flashinfer_has(name):
+        pytest.skip(f"this FlashInfer has no {name}")
+    function, args, kwargs = calls()[name]
+    real = _flatten(function(*args, **kwargs))
+    meta_args = tuple(a.to("meta") if isinstance(a, torch.Tensor) else a for a in args)
+    run = torch.compile(lambda *a: function(*a, **kwargs), fullgraph=True, backend="eager") if compiled else \
+        (lambda *a: function(*a, **kwargs))
+    got = _flatten(run(*meta_args))
+    assert [(t.device.type, t.shape, t.stride(), t.dtype) for t in got] == \
+        [("meta", t.shape, t.stride(), t.dtype) for t in real]

@@ -89,7 +89,7 @@ def test_where_no_hook_can_run_the_import_warns_and_verify_fails_the_worker_chec
     result = path_only.command(VERIFY, env=environment)
     assert result.returncode == 1, result.stdout[-2000:]
     worker = checks(result)["worker-activation"]
-    assert worker["result"] == "fail" and "did NOT apply the shim" in worker["detail"], worker
+    assert worker["result"] == "fail" and "plain launch (this environment, FP4_DYNAMO_SHIM='1'): NOT applied" in worker["detail"], worker
 
 
 # --- one switch stops everything -------------------------------------------------------------------------
@@ -140,6 +140,10 @@ def test_strict_turns_an_unknown_value_into_an_apply_error(reverted):
     reverted.setenv(config.FALLBACK, "bogus")
     with pytest.raises(ApplyError, match="FP4_DYNAMO_SHIM_FALLBACK='bogus'.*error, reference, launch"):
         fp4_dynamo_shim.apply()
+    reverted.setenv(config.FALLBACK, "error")
+    reverted.setenv(config.HOOK, "2")
+    with pytest.raises(ApplyError, match="FP4_DYNAMO_SHIM='2' is not understood"):
+        fp4_dynamo_shim.apply()
 
 
 @pytest.mark.parametrize("variable, value, accepted", [
@@ -147,6 +151,7 @@ def test_strict_turns_an_unknown_value_into_an_apply_error(reverted):
     (config.CUDA_VERSION, "twelve", "torch, nvcc or a version"),
     (config.STRICT, "2", "1, true, yes or on"),
     (config.DISABLE, "enabled", "1, true, yes or on"),
+    (config.HOOK, "2", "1, true, yes or on"),  # the same rule for the hook's variable (issue 19)
 ])
 def test_an_unknown_value_gets_one_warning_naming_the_variable_and_its_values(variable, value, accepted, reverted,
                                                                               caplog):

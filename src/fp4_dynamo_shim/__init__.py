@@ -7,17 +7,28 @@ and ``FP4_DYNAMO_SHIM=1`` is exported so that child processes apply it too.
 ``apply``, ``revert`` and ``status`` are the whole public API.
 """
 
-import sys
-
-from . import patching
-from .patching import apply, revert, status
+import fp4_dynamo_shim_hook as _startup
 
 __all__ = ["apply", "revert", "status"]
 __version__ = "0.1.0"
 
-# The start-up module sets ``activating`` while it imports the package (hook or plugin), so the route is
-# recorded; only a user's own import exports FP4_DYNAMO_SHIM=1 for children (the other routes reach
-# children by themselves).
-_route = getattr(sys.modules.get("fp4_dynamo_shim_hook"), "activating", None) or "import"
-if patching.apply(route=_route) and _route == "import":
-    patching.export_for_children()
+# The start-up module says who imports the package: a start-up route or the plugin (the route is recorded;
+# those reach children by themselves), the command line (which applies only where a command needs it), or
+# the user, whose import alone exports FP4_DYNAMO_SHIM=1 for children.
+_route = _startup.import_route()
+if _route != _startup.CLI:
+    from . import patching
+    from .patching import apply, revert, status
+
+    if patching.apply(route=_route) and _route == "import":
+        patching.export_for_children()
+
+
+def __getattr__(name):
+    """``apply``/``revert``/``status`` where the command line imported the package: patching (torch, FlashInfer)
+    loads on first use, so that ``fp4-dynamo-shim --version`` does not pay for it."""
+    if name in __all__:
+        from . import patching
+
+        return getattr(patching, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

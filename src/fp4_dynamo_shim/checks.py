@@ -8,6 +8,7 @@ order of :data:`CHECKS` and prints the results.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import List, Optional
 
@@ -317,44 +318,118 @@ def _main_module_hidden():
         sys.modules["__main__"] = main
 
 
+#: How a spawned worker came to apply the shim (its ``status()["activated_by"]``), in words.
+ACTIVATED_BY = {
+    "pth": "the package's .pth hook",
+    "install-hook": "install-hook's always-on .pth",
+    "sitecustomize": "the sitecustomize hook",
+    "plugin": "the SGLang plugin",
+}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict):
+    """``os.environ`` is ``variables`` inside the block: a spawned child copies the environment when it starts."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _start_probe(context, variables: dict, run_plugins: bool):
+    import fp4_dynamo_shim_hook
+
+    queue = context.Queue()
+    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
+    with _main_module_hidden(), _environment(variables):
+        process.start()
+    return process, queue
+
+
+def _probe_report(process, queue) -> dict:
+    try:
+        return queue.get(timeout=600)
+    finally:
+        process.join(timeout=60)
+
+
+def _outcome(report: dict) -> str:
+    if report.get("active"):
+        return "applied by " + ACTIVATED_BY.get(report["activated_by"], str(report["activated_by"]))
+    return "NOT applied" + (f" ({report['error']})" if report.get("error") else "")
+
+
 def check_worker_activation(device: str) -> str:
-    """A child started the way SGLang starts its schedulers (multiprocessing spawn, this process's environment,
-    no import of the shim in the child) must end up with the shim active, through the import hook,
-    sitecustomize, or (SGLang >= 0.5.11) the plugin, whenever activation was asked for."""
+    """What the user's own launch gets in its workers. Two children are started the way SGLang starts its
+    schedulers (multiprocessing spawn, no import of the shim there, SGLang's plugins loaded where the installed
+    release loads them): one with this environment minus what verify or ``import fp4_dynamo_shim`` set here,
+    as a plain ``python -m sglang.launch_server`` starts, and one with FP4_DYNAMO_SHIM=1 added. The verdict is
+    :func:`worker_verdict`'s."""
     import multiprocessing
 
     import fp4_dynamo_shim_hook
+    from fp4_dynamo_shim import patching
 
     state = fp4_dynamo_shim.status()
     if state["disabled"]:
         raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
-    release = sglang_releases.release_for(sglang_releases.installed_version())
+    variable = fp4_dynamo_shim_hook.HOOK_VARIABLE
+    version = sglang_releases.installed_version()
+    release = sglang_releases.release_for(version)
     run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
+    plain = patching.user_environment()
     context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
-    with _main_module_hidden():
-        process.start()
-    try:
-        report = queue.get(timeout=600)
-    finally:
-        process.join(timeout=60)
-    routes = {name: path for name, path in state["routes"].items() if path}
-    if report.get("active"):
-        via = report["activated_by"] + (f" ({report['hook_route']} hook)" if report.get("hook_route") else "")
-        return f"a spawned worker applied the shim by itself: {via}"
+    started = [_start_probe(context, variables, run_plugins) for variables in (plain, {**plain, variable: "1"})]
+    plain_report, variable_report = [_probe_report(*probe) for probe in started]
+
+    enabled, problem = fp4_dynamo_shim_hook.switch(variable, plain)
+    routes = state["routes"]
     asked = [reason for reason, present in (
-        (f"{fp4_dynamo_shim_hook.HOOK_VARIABLE}={state['children'][fp4_dynamo_shim_hook.HOOK_VARIABLE]}",
-         fp4_dynamo_shim_hook.switch(fp4_dynamo_shim_hook.HOOK_VARIABLE)[0]),
-        ("an installed always-on hook", routes.get("hook_pth") or routes.get("sitecustomize")),
+        (f"{variable}={plain.get(variable)!r}" + (" (not understood)" if problem else ""), enabled or problem),
+        (f"an always-on hook ({routes['hook_pth'] or routes['sitecustomize']})",
+         routes["hook_pth"] or routes["sitecustomize"]),
     ) if present]
-    detail = (f"a spawned worker did NOT apply the shim (hook route in the child: {report.get('hook_route')}; "
-              f"routes installed here: {', '.join(f'{k}={v}' for k, v in routes.items()) or 'none'}"
-              + (f"; {report['error']}" if report.get("error") else "") + ")")
-    if not asked:
-        raise Skip(detail + "; activation was not asked for (FP4_DYNAMO_SHIM is off and no hook is installed)")
-    raise AssertionError(f"{' and '.join(asked)}, but {detail}. Install the package with pip (wheel or -e) or "
-                         "run `fp4-dynamo-shim install-hook`; see docs/usage.md, \"Is it active in my SGLang workers?\"")
+    passed, detail = worker_verdict(plain_report, variable_report, asked, version)
+    if not passed:
+        raise AssertionError(detail)
+    return detail
+
+
+def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_version: Optional[str]) -> tuple:
+    """(passed, what to print) from the two probe workers' reports: it fails where the plain launch's worker
+    runs without the shim although ``asked`` names what asks for it (FP4_DYNAMO_SHIM, an always-on hook) or
+    the installed SGLang needs it, and where no route reaches a worker at all."""
+    variable = "FP4_DYNAMO_SHIM"
+    release = sglang_releases.release_for(sglang_version)
+    needed = sglang_releases.needs_shim(release)
+    if sglang_version is None:
+        sglang_line = "sglang not installed"
+    elif needed:
+        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers ("
+                       f"{sglang_releases.describe_prefill_graph(release)})"
+                       + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
+    elif release is None:
+        sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"
+    else:
+        sglang_line = (f"sglang {sglang_version} does not need it on a plain launch ("
+                       f"{sglang_releases.describe_prefill_graph(release)}; FlashInfer's FP4 calls are not traced raw there)")
+    detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): {_outcome(plain)}; "
+              f"with {variable}=1: {_outcome(with_variable)}; {sglang_line}")
+    see = "see docs/usage.md, \"Is it active in my SGLang workers?\""
+    if plain.get("active"):
+        return True, detail
+    if not with_variable.get("active"):
+        return False, (f"{detail}. No route reaches a spawned worker here (a .pth runs only from an installed "
+                       f"package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
+    if asked or needed:
+        return False, (f"{detail}. Start the launch with {variable}=1 (checked above: that works), or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
+    return True, f"{detail}; nothing here asks a plain launch for the shim"
 
 
 def check_baseline(device: str) -> str:

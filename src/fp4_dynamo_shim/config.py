@@ -26,6 +26,8 @@ FALLBACK = "FP4_DYNAMO_SHIM_FALLBACK"
 FALLBACK_CHOICES = ("error", "reference", "launch")
 
 switch = _startup.switch
+#: Warnings the start-up module has printed in this process (the same message is not printed twice).
+startup_warnings = _startup.warned
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +45,8 @@ class Settings:
         strict, problem = switch(STRICT)
         problems += [problem] if problem else []
         disabled, problem = switch(DISABLE)
+        problems += [problem] if problem else []
+        _, problem = switch(HOOK)  # read by the .pth hook at start-up; here so the same rule holds for it
         problems += [problem] if problem else []
         fallback = os.environ.get(FALLBACK, "").strip().lower() or "error"
         if fallback not in FALLBACK_CHOICES:

@@ -131,9 +131,12 @@ def _mxfp4_dequantize(context, arguments):
         is_8x4 = sf_layout == context.SfLayout.layout_8x4
     else:
         swizzled, is_8x4 = True, False
+    # FlashInfer copies both to the CPU; meta tensors, which hold nothing to copy, stay meta (the op's screen
+    # refuses a meta tensor next to a real one).
+    on_host = (lambda tensor: tensor if tensor.is_meta else tensor.cpu())
     return op("e2m1_and_ufp8sf_scale_to_float")(
-        a_fp4.cpu().view(torch.uint8), a_sf.cpu().view(torch.uint8).reshape(-1),
-        torch.ones(1, dtype=torch.float32), 32, 0, swizzled, is_8x4)
+        on_host(a_fp4).view(torch.uint8), on_host(a_sf).view(torch.uint8).reshape(-1),
+        torch.ones(1, dtype=torch.float32, device="meta" if a_fp4.is_meta else "cpu"), 32, 0, swizzled, is_8x4)
 
 
 def _mxfp4_dequantize_host(context, arguments):

@@ -23,7 +23,7 @@ import torch
 
 from . import layout, reference
 from .errors import InvalidArgumentError, NoFp4KernelError, ShimError
-from .ops import NAMESPACE, current_recipe
+from .ops import NAMESPACE, check_devices, current_recipe
 
 
 @dataclasses.dataclass
@@ -113,7 +113,9 @@ def _check_dequantize(e2m1, sf, global_scale, sf_vec_size, ufp8_type):
 
 def _dequantize_fake(e2m1, sf, global_scale, sf_vec_size, ufp8_type, swizzled, is_8x4):
     _check_dequantize(e2m1, sf, global_scale, sf_vec_size, ufp8_type)
-    return torch.empty((e2m1.shape[0], e2m1.shape[1] * 2), dtype=torch.float32, device="cpu")
+    # Host output; a fake tensor's device is the real one's, and real meta inputs get a meta output, not memory.
+    return torch.empty((e2m1.shape[0], e2m1.shape[1] * 2), dtype=torch.float32,
+                       device="meta" if e2m1.is_meta else "cpu")
 
 
 def _dequantize_reference(e2m1, sf, global_scale, sf_vec_size, ufp8_type, swizzled, is_8x4):
@@ -319,6 +321,34 @@ def _first_loaded_namespace():
     return None
 
 
+def _screened(op: FamilyOp, implementation: Callable, fake: bool) -> Callable:
+    """``implementation`` behind the device screen for the op's tensor arguments (they come first in every
+    schema): all on one device (host ops: meta only with meta), before anything is allocated.
+
+    The dispatcher picks the kernel of the highest device among the tensors: any meta tensor sends the call
+    to the fake (real tensors alongside included), so the fake gets the full screen; the CPU kernel only
+    ever sees CPU tensors and needs none; the CUDA kernel sees CUDA and CPU tensors, which ``get_device()``
+    tells apart (-1 for CPU, the index for each GPU) for a third of the cost of comparing ``Tensor.device``
+    objects: it runs on every eager call on a GPU."""
+    schema = torch._C.parse_schema(op.schema).arguments
+    count = next((i for i, a in enumerate(schema) if str(a.type) not in ("Tensor", "Optional[Tensor]")), len(schema))
+    names, name, host = tuple(a.name for a in schema[:count]), f"{NAMESPACE}::{op.name}", op.host
+
+    if fake:
+        def screened(*arguments):
+            check_devices(name, names, arguments[:count], host)
+            return implementation(*arguments)
+    else:
+        def screened(*arguments):
+            index = arguments[0].get_device()
+            for position in range(1, count):
+                tensor = arguments[position]
+                if tensor is not None and tensor.get_device() != index:
+                    check_devices(name, names, arguments[:count])  # raises, naming the argument
+            return implementation(*arguments)
+    return functools.wraps(implementation)(screened)
+
+
 def _make_kernel(op: FamilyOp) -> Callable:
     def kernel(*arguments):
         if op.host:  # FlashInfer's host code through cuda:0's module when there is one, else the reference
@@ -346,8 +376,9 @@ _LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
 for _op in OPS:
     _LIBRARY.define(_op.schema)
     _LIBRARY.impl(_op.name, _make_kernel(_op), "CPU")
-    _LIBRARY.impl(_op.name, _make_kernel(_op), "CUDA")
-    torch.library.register_fake(f"{NAMESPACE}::{_op.name}", _op.fake, lib=_LIBRARY)
+    # FlashInfer copies a host op's inputs to the CPU itself: any mix of CPU and GPU tensors is its input.
+    _LIBRARY.impl(_op.name, _make_kernel(_op) if _op.host else _screened(_op, _make_kernel(_op), fake=False), "CUDA")
+    torch.library.register_fake(f"{NAMESPACE}::{_op.name}", _screened(_op, _op.fake, fake=True), lib=_LIBRARY)
 
 
 def op(name: str):

@@ -31,18 +31,25 @@ from typing import List, Optional
 
 PACKAGE_PTH = "fp4_dynamo_shim.pth"
 HOOK_PTH = "fp4_dynamo_shim_hook.pth"
-HOOK_PTH_TEXT = "import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install('install-hook')\n"
+#: One line (site.py runs a .pth line that starts with "import"). The package may be uninstalled before the
+#: hook is: then the hook module is missing and the line does nothing, silently; any other failure is
+#: reported by site.py as usual.
+HOOK_PTH_TEXT = ("import sys; exec(\"try:\\n    import fp4_dynamo_shim_hook\\nexcept ModuleNotFoundError as missing:\\n"
+                 "    if missing.name != 'fp4_dynamo_shim_hook':\\n        raise\\n"
+                 "else:\\n    fp4_dynamo_shim_hook.install('install-hook')\")\n")
 BEGIN = "# >>> fp4-dynamo-shim import hook >>>"
 END = "# <<< fp4-dynamo-shim import hook <<<"
 BLOCK = f"""{BEGIN}
 # Applies fp4_dynamo_shim whenever flashinfer is imported. Written by `fp4-dynamo-shim install-hook`;
-# remove with `fp4-dynamo-shim uninstall-hook`. FP4_DYNAMO_SHIM_DISABLE=1 turns it off.
+# remove with `fp4-dynamo-shim uninstall-hook` (before `pip uninstall fp4-dynamo-shim`; once the package is
+# gone this block does nothing). FP4_DYNAMO_SHIM_DISABLE=1 turns it off.
 try:
     import fp4_dynamo_shim_hook
     fp4_dynamo_shim_hook.install()
 except Exception as _fp4_dynamo_shim_error:
-    import sys
-    sys.stderr.write("fp4_dynamo_shim import hook in %s: %r\\n" % (__file__, _fp4_dynamo_shim_error))
+    if getattr(_fp4_dynamo_shim_error, "name", None) != "fp4_dynamo_shim_hook":
+        import sys
+        sys.stderr.write("fp4_dynamo_shim import hook in %s: %r\\n" % (__file__, _fp4_dynamo_shim_error))
 {END}
 """
 #: The documented one-liner, for writing sitecustomize.py by hand.
@@ -99,17 +106,27 @@ def _holds_block(path) -> bool:
         return False
 
 
+def _calls_hook(path) -> bool:
+    """Whether a sitecustomize file starts the hook: install-hook's block, or a line written by hand
+    (the documented one-liner, ``ONE_LINER``, or any other call of ``fp4_dynamo_shim_hook.install``)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return False
+    return BEGIN in text or "fp4_dynamo_shim_hook.install(" in text
+
+
 def installed_routes() -> dict:
     """Which start-up routes exist for this interpreter, by file (None where absent)."""
     sitecustomize = _sitecustomize_origin()
-    blocks = [str(d / "sitecustomize.py") for d in site_dirs() if _holds_block(d / "sitecustomize.py")]
+    runs_hook = bool(sitecustomize) and _calls_hook(sitecustomize)
+    blocks = [str(d / "sitecustomize.py") for d in site_dirs() if _calls_hook(d / "sitecustomize.py")]
     return {
         "pth": _find_in_site_dirs(PACKAGE_PTH),
         "hook_pth": _find_in_site_dirs(HOOK_PTH),
-        "sitecustomize": sitecustomize if sitecustomize and _holds_block(sitecustomize) else None,
-        # A block this interpreter never runs, because another sitecustomize comes first on sys.path.
-        "sitecustomize_shadowed_by": sitecustomize if blocks and not (sitecustomize and _holds_block(sitecustomize))
-        else None,
+        "sitecustomize": sitecustomize if runs_hook else None,
+        # A hook this interpreter never runs, because another sitecustomize comes first on sys.path.
+        "sitecustomize_shadowed_by": sitecustomize if blocks and not runs_hook else None,
     }
 
 
@@ -161,6 +178,8 @@ def _probe(directory: Path, route: str) -> tuple:
     route is used (``pip install --target``)."""
     environment = dict(os.environ)
     environment.pop("FP4_DYNAMO_SHIM", None)  # the package's own .pth must not pass for the new route
+    # The kill switch makes a running hook do nothing, which looks like no hook at all; the CLI says it is set.
+    environment.pop("FP4_DYNAMO_SHIM_DISABLE", None)
     if route == "sitecustomize" and not _is_site_dir(directory):
         environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(directory), environment.get("PYTHONPATH")) if p)
     completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=environment,

@@ -31,6 +31,7 @@ SCHEMA = (
 )
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 _FLOAT32, _UINT8 = torch.float32, torch.uint8
+_QUANTIZE_TENSORS = ("input", "global_scale")
 
 #: Set by apply(): the release's target row, and a launch function per ``Tensor.get_device()`` index
 #: (-1, i.e. CPU, runs the reference quantizer).
@@ -94,10 +95,37 @@ def _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, 
         raise InvalidArgumentError("nvfp4_4over6 applies to NVFP4 (sf_vec_size=16) with fp16 or bf16 input only")
 
 
+def check_devices(function: str, names, tensors, host: bool = False) -> None:
+    """Raise :class:`InvalidArgumentError` naming the first tensor that is not on the first one's device.
+
+    Devices are compared by type and index: ``Tensor.get_device()`` is -1 for CPU and meta alike, and a
+    meta tensor next to a real one sends the call to the op's fake, whose outputs are uninitialized
+    memory. ``host`` functions (FlashInfer copies their inputs to the CPU itself) only refuse a meta
+    tensor mixed with real ones. ``tensors`` holds a tensor or None per name. Runs on every family op call:
+    ``get_device()``/``is_cpu``/``is_meta`` are a third of the cost of comparing ``Tensor.device`` objects.
+    """
+    first = first_name = None
+    for name, tensor in zip(names, tensors):
+        if tensor is None:
+            continue
+        if first is None:
+            first, first_name, index, cpu, meta = tensor, name, tensor.get_device(), tensor.is_cpu, tensor.is_meta
+            continue
+        meta_mixed = tensor.is_meta is not meta
+        if meta_mixed or not host and (tensor.get_device() != index or tensor.is_cpu is not cpu):
+            raise InvalidArgumentError(
+                f"{function}: {name} is on {tensor.device} but {first_name} is on {first.device}; "
+                + ("a meta tensor only goes with other meta tensors" if meta_mixed else
+                   "every tensor argument must be on the same device")
+            )
+
+
 def _checked_global_scale(global_scale, input, rows, target):
     """The global scale the kernel will read: converted where the release converts, else validated."""
     if not isinstance(global_scale, torch.Tensor):  # a numpy array has a dtype too
         raise not_a_tensor("global_scale", global_scale)
+    if global_scale.is_meta is not input.is_meta:  # even a converting release cannot copy out of a meta tensor
+        check_devices("fp4_quantize", _QUANTIZE_TENSORS, (input, global_scale))
     if global_scale.numel() != 1 and not (target.row_wise_global_scale and global_scale.numel() == rows):
         allowed = "1 or one per row" if target.row_wise_global_scale else "1"
         raise InvalidArgumentError(
@@ -107,10 +135,7 @@ def _checked_global_scale(global_scale, input, rows, target):
         return global_scale.to(device=input.device, dtype=torch.float32)
     if global_scale.dtype != torch.float32:
         raise InvalidArgumentError(f"fp4_quantize: global_scale must be float32, got {global_scale.dtype}")
-    if global_scale.device != input.device:
-        raise InvalidArgumentError(
-            f"fp4_quantize: global_scale is on {global_scale.device} but input is on {input.device}"
-        )
+    check_devices("fp4_quantize", _QUANTIZE_TENSORS, (input, global_scale))
     return global_scale
 
 
@@ -153,9 +178,10 @@ def quantize(
         _problem(input, global_scale, sf_vec_size, sf_use_ue8m0, nvfp4_4over6_code, target)
     rows = input.numel() // columns
     try:
+        # get_device() tells CUDA devices apart but is -1 for CPU and meta alike; is_cpu separates those two.
         unusual_scale = global_scale is not None and (
             global_scale.dtype is not _FLOAT32 or global_scale.get_device() != input.get_device()
-            or global_scale.numel() != 1
+            or global_scale.is_cpu is not input.is_cpu or global_scale.numel() != 1
         )
     except AttributeError:
         raise not_a_tensor("global_scale", global_scale) from None
@@ -213,9 +239,12 @@ def launch_reference(
         flat_sf[: sf.numel()].copy_(sf.reshape(-1))
 
 
-def launch_for(input: torch.Tensor) -> Callable:
-    """The launch function for the input's device (the eager path inlines the common case)."""
+def launch_for(input: torch.Tensor) -> Optional[Callable]:
+    """The launch function for the input's device (the eager path inlines the common case); None for a meta
+    input, which gets meta outputs of the right shapes, as from the op itself (and any PyTorch op)."""
     launch = _launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+    if launch is None and input.is_meta:
+        return None
     if launch is None:
         if input.is_cuda:
             raise ShimError(

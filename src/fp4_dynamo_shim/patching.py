@@ -50,14 +50,16 @@ class _Applied:
 
 _lock = threading.RLock()
 _applied: Optional[_Applied] = None
-_last_problem: Optional[str] = "apply() has not run"
+_last_problem: Optional[str] = "not applied in this process (apply() has not run)"
 _warned: set = set()
-#: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it).
+#: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it), and the
+#: value it replaced (one the hook does not understand), which revert() puts back.
 _exported = False
+_replaced_value: Optional[str] = None
 
 
 def _warn_once(message: str) -> None:
-    if message not in _warned:
+    if message not in _warned and message not in config.startup_warnings:
         _warned.add(message)
         logger.warning(message)
 
@@ -177,11 +179,18 @@ def _undo(swaps, restorers) -> None:
 
 def export_for_children() -> None:
     """Set FP4_DYNAMO_SHIM=1 for child processes (what ``import fp4_dynamo_shim`` promises), unless the user
-    set the variable, and warn once if no start-up route would act on it in a child."""
-    global _exported
-    if not os.environ.get(config.HOOK, "").strip():
+    set the variable to a value the hook understands, and warn once if no start-up route would act on it in
+    a child. A value it does not understand would leave every child without the shim: it is replaced, and
+    the warning names it."""
+    global _exported, _replaced_value
+    value = os.environ.get(config.HOOK, "")
+    if not value.strip() or config.switch(config.HOOK)[1]:
         os.environ[config.HOOK] = "1"
-        _exported = True
+        _exported, _replaced_value = True, value if value.strip() else None
+        if _replaced_value is not None:
+            _warn_once(f"import fp4_dynamo_shim set {config.HOOK}=1 for child processes in place of "
+                       f"{value!r}, which the import hook does not understand (children would run without "
+                       "the shim); revert() puts it back")
     routes = hook.installed_routes()
     if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
         plugin = sglang_releases.plugin_entry_point()
@@ -196,6 +205,17 @@ def export_for_children() -> None:
         )
 
 
+def user_environment() -> dict:
+    """``os.environ`` as the user set it: without what ``export_for_children()`` changed here."""
+    environment = dict(os.environ)
+    if _exported and environment.get(config.HOOK) == "1":
+        if _replaced_value is None:
+            del environment[config.HOOK]
+        else:
+            environment[config.HOOK] = _replaced_value
+    return environment
+
+
 def revert() -> bool:
     """Put every rebound name back to FlashInfer's original object and restore FlashInfer's own op
     registrations; withdraw the FP4_DYNAMO_SHIM=1 that ``import fp4_dynamo_shim`` set for children.
@@ -205,11 +225,14 @@ def revert() -> bool:
     working. Functions compiled through a rebound global recompile on their next call (Dynamo guards
     on that global) and then trace FlashInfer's original again.
     """
-    global _applied, _last_problem, _exported
+    global _applied, _last_problem, _exported, _replaced_value
     with _lock:
         if _exported and os.environ.get(config.HOOK) == "1":
-            del os.environ[config.HOOK]
-        _exported = False
+            if _replaced_value is None:
+                del os.environ[config.HOOK]
+            else:
+                os.environ[config.HOOK] = _replaced_value
+        _exported, _replaced_value = False, None
         if _applied is None:
             return False
         _undo(_applied.swaps, _applied.restorers)

@@ -246,6 +246,21 @@ def disagreements(version: str, facts: dict, pins: Optional[dict] = None) -> Lis
     return found
 
 
+def describe_prefill_graph(release: SglangRelease) -> str:
+    """The release's default prefill graph, in words."""
+    return _GRAPHS[release.prefill_graph]
+
+
+def needs_shim(release: Optional[SglangRelease]) -> bool:
+    """Whether a plain launch of this SGLang needs the shim in its schedulers on NVFP4: its torch.compile prefill
+    graph (on by default, or the --enable-piecewise-cuda-graph of 0.5.3.post2-0.5.9) traces FlashInfer's FP4
+    functions raw, not through SGLang's own ops. The opt-in tc_piecewise paths of 0.5.15-0.5.21 are not a plain
+    launch (``need`` names them)."""
+    return (release is not None and release.fp4_quantize_binding != "sglang-op"
+            and release.prefill_graph in _COMPILED_BY_DEFAULT + ("opt-in",)
+            and any(call.covered for call in release.raw_calls))
+
+
 PLUGIN_GROUP = "sglang.srt.plugins"
 PLUGIN_NAME = "fp4_dynamo_shim"
 

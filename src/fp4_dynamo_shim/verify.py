@@ -1,13 +1,12 @@
 """python -m fp4_dynamo_shim.verify: does the shim work on this machine, and in its SGLang workers?
 
-Prints the environment, what was patched, then one line per check. Exit code 0 when every check passed
-or was skipped, 1 when one failed, 2 when the shim could not apply (or is switched off), 3 for a usage
-error. --json prints one JSON document instead.
+Applies the shim, prints the environment, what was patched, then one line per check. Exit code 0 when
+every check passed or was skipped, 1 when one failed, 2 when the shim could not apply (or is switched
+off; the failed apply is the one check then), 3 for a usage error. --json prints one JSON document instead.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import json
@@ -17,20 +16,11 @@ import time
 import traceback
 from typing import Callable, List, Optional
 
-import torch
-
 import fp4_dynamo_shim
-from fp4_dynamo_shim.checks import CHECKS, Skip, check_baseline
+from fp4_dynamo_shim.cli import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK, Parser
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2, 3
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with the project's exit code for usage errors (3; argparse's own 2 means "not applied" here)."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+#: What ``status()["activated_by"]`` says when verify applied the shim itself.
+ROUTE = "verify"
 
 
 @dataclasses.dataclass
@@ -42,6 +32,10 @@ class Result:
 
 
 def run_check(name: str, check: Callable, device: str) -> Result:
+    import torch
+
+    from fp4_dynamo_shim.checks import Skip
+
     started = time.perf_counter()
     try:
         detail, result = check(device), "pass"
@@ -49,7 +43,7 @@ def run_check(name: str, check: Callable, device: str) -> Result:
         detail, result = str(skip), "skip"
     except Exception as error:
         lines = traceback.format_exception_only(type(error), error)
-        detail, result = "".join(lines).strip().splitlines()[0][:400], "fail"
+        detail, result = "".join(lines).strip().splitlines()[0][:1000], "fail"
     finally:
         torch._dynamo.reset()
     if name == "baseline" and result == "pass":
@@ -58,6 +52,8 @@ def run_check(name: str, check: Callable, device: str) -> Result:
 
 
 def environment() -> dict:
+    import torch
+
     status = fp4_dynamo_shim.status()
     gpus = []
     if torch.cuda.is_available():
@@ -81,6 +77,21 @@ def environment() -> dict:
         "fp4_dynamo_shim": fp4_dynamo_shim.__version__,
         "jit_cache": jit_cache,
     }
+
+
+def apply_shim() -> Result:
+    """Apply the shim here (this process's import did not), as the check named "apply": it fails with the
+    refusal, ``FP4_DYNAMO_SHIM_STRICT=1``'s :class:`ApplyError` included, and is skipped for the kill switch."""
+    from fp4_dynamo_shim.errors import ApplyError
+
+    started = time.perf_counter()
+    try:
+        applied = fp4_dynamo_shim.apply(route=ROUTE)
+        problem = fp4_dynamo_shim.status()["problem"]
+    except ApplyError as error:
+        applied, problem = False, f"ApplyError: {error}"
+    result = "pass" if applied else "skip" if fp4_dynamo_shim.status()["disabled"] else "fail"
+    return Result("apply", result, "applied" if applied else problem, round(time.perf_counter() - started, 2))
 
 
 def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
@@ -145,6 +156,18 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, 
     print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; exit {exit_code}")
 
 
+def json_document(env: dict, status: dict, device: str, results: List[Result], exit_code: int) -> dict:
+    """What ``--json`` prints (docs/usage.md describes each key)."""
+    return {
+        "environment": env,
+        "status": status,
+        "device": device,
+        "checks": [dataclasses.asdict(r) for r in results],
+        "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
+        "exit_code": exit_code,
+    }
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = Parser(prog="fp4-dynamo-shim verify", description=__doc__.split("\n\n")[0],
                     epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
@@ -154,16 +177,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--verbose", action="store_true", help="list every rebound name by module")
     parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}")
     options = parser.parse_args(argv)
+    import torch  # after parsing: --help and --version load nothing
+
+    from fp4_dynamo_shim.checks import CHECKS, check_baseline
+
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no GPU visible")
 
+    results: List[Result] = [apply_shim()]
     env = environment()
-    results: List[Result] = []
     status = fp4_dynamo_shim.status()
     if not status["applied"]:
         exit_code = EXIT_NOT_APPLIED
     else:
+        results.clear()  # applied: the header says so; the checks follow
         for name, check in CHECKS:
             if not options.json:
                 print(f"  running {name} ...", file=sys.stderr, flush=True)
@@ -174,15 +202,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         status = fp4_dynamo_shim.status()
 
     if options.json:
-        document = {
-            "environment": env,
-            "status": status,
-            "device": device,
-            "checks": [dataclasses.asdict(r) for r in results],
-            "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
-            "exit_code": exit_code,
-        }
-        print(json.dumps(document, indent=2))
+        print(json.dumps(json_document(env, status, device, results, exit_code), indent=2))
     else:
         _print_text(env, status, results, exit_code, options.verbose)
     return exit_code

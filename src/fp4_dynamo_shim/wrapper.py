@@ -186,6 +186,11 @@ def _direct_path(target: Target, inversed: str) -> str:
     this project's CPU runner). Anything else, and anything that raises while it looks (a non-tensor, a
     1-D or 3-D input, no kernel for the device), takes the general path, whose checks and errors are the
     ones every call had before. The parity and battery tests run both paths.
+
+    Devices cost no extra check here: kernels are keyed by CUDA device index (>= 0) and a non-CUDA input
+    with an index is sent away, so the scale's ``get_device()`` equal to the input's means a CUDA scale on
+    the same GPU; a CPU or meta scale (-1 for both) never matches (tests/gpu/test_gpu_battery.py runs the
+    meta cases on this path).
     """
     values = dict(sf_vec_size="16", sf_use_ue8m0="False", is_sf_swizzled_layout="True", is_sf_8x4_layout="False",
                   is_global_scale_inversed=inversed, enable_pdl="pdl if enable_pdl is None else enable_pdl",

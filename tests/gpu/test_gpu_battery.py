@@ -11,7 +11,7 @@ import flashinfer
 import pytest
 import torch
 
-from battery import CASES, GPU_CASES, Case
+from battery import ALL_META_CASES, CALLERS, CASES, GPU_CASES, META_CASES, Case, assert_carries, caller_for
 from fp4_dynamo_shim import patching, targets
 from fp4_dynamo_shim.errors import InvalidArgumentError
 
@@ -72,3 +72,24 @@ def test_never_less_strict_than_flashinfer(case: Case, device_mode):
         assert case.name in STRICTER and not converting, f"FlashInfer accepted {case.name}; the shim raised {shim_error!r}"
         return
     assert [(t.shape, t.stride(), t.dtype) for t in got] == [(t.shape, t.stride(), t.dtype) for t in expected]
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("case", META_CASES, ids=lambda c: c.name)
+def test_a_meta_tensor_next_to_a_cuda_one_is_refused_on_every_path(case, caller, kernel_mode):
+    """Issue 19 on the branch Blackwell takes (the replacement's direct path included): CUDA input, meta scale
+    or the reverse. FlashInfer fails here only by accident (torch's copy out of a meta tensor) or not at all."""
+    args, kwargs = case.build("cuda")
+    with pytest.raises(Exception) as error:
+        caller_for(caller)(*args, **kwargs)
+    torch.cuda.synchronize()
+    assert stale_cuda_error() is None
+    assert_carries(error.value, InvalidArgumentError, case.problem)
+
+
+@pytest.mark.parametrize("caller", CALLERS)
+@pytest.mark.parametrize("case", ALL_META_CASES, ids=lambda c: c.name)
+def test_meta_tensors_alone_give_meta_outputs_on_a_gpu_machine(case, caller, kernel_mode):
+    args, kwargs = case.build("cuda")
+    got = caller_for(caller)(*args, **kwargs)
+    assert all(t.device.type == "meta" for t in got)

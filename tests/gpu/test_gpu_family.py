@@ -172,3 +172,32 @@ def test_mm_fp4_with_the_reference_fallback_computes_the_product(reference_mode)
     graph.replay()
     torch.cuda.synchronize()
     assert captured.float().cpu().tolist() == [[16.0, 4.0]]
+
+
+def _gpu_op_calls():
+    """(op name, CUDA arguments) for each family op that runs on the GPU (host ops take any device)."""
+    x, scale = quantized(32, 128)
+    experts = x[:, :64].reshape(2, 16, 64).contiguous()
+    mask = torch.tensor([16, 9], dtype=torch.int32, device="cuda")
+    packed = torch.randint(0, 255, (32, 64), dtype=torch.uint8, device="cuda")
+    sf = torch.randint(0, 255, (128, 8), dtype=torch.uint8, device="cuda")
+    return {
+        "fp4_batched_quantize": (x.view(2, 16, 128), scale, 16, False, 0),
+        "fp4_experts_quantize": (experts, torch.tensor([3.0, 5.0], device="cuda"), mask, False, 0),
+        "mm_fp4": (packed, packed.t(), sf, sf.t(), scale, torch.bfloat16, 16, False, "auto", True, None),
+    }
+
+
+@pytest.mark.parametrize("name", ["fp4_batched_quantize", "fp4_experts_quantize", "mm_fp4"])
+def test_a_cpu_tensor_next_to_cuda_ones_is_refused_naming_it(name, kernel_mode):
+    """Issue 19: the CUDA kernels screen their tensors' devices (FlashInfer's batched kernel would read a host
+    pointer for a CPU global scale); every tensor but the first in turn is put on the CPU."""
+    from fp4_dynamo_shim.errors import InvalidArgumentError
+
+    arguments = _gpu_op_calls()[name]
+    tensors = [i for i, a in enumerate(arguments) if isinstance(a, torch.Tensor)]
+    for position in tensors[1:]:
+        moved = tuple(a.cpu() if i == position else a for i, a in enumerate(arguments))
+        with pytest.raises(InvalidArgumentError, match="is on cpu but .* is on cuda:0"):
+            family_ops.op(name)(*moved)
+        torch.cuda.synchronize()

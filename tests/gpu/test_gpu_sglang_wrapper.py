@@ -78,7 +78,7 @@ def test_sglangs_op_gives_the_shims_bytes_eager_compiled_and_replayed(version, r
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_with_the_real_kernel_launch_sglangs_op_has_flashinfers_layout(version, sglang_op, launch_mode):
+def test_with_the_real_kernel_launch_sglangs_op_has_flashinfers_layout(version, sglang_op, kernel_mode):
     fp4_utils = sglang_op(version, "after")
     original = patching.original_function()
     for x, scale in _inputs():
