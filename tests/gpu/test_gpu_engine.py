@@ -90,6 +90,8 @@ ROUTES = ("plugin", "hook", "import")
 #: How the scheduler must say it was activated, per route.
 ACTIVATED_BY = {"plugin": {"plugin"}, "hook": {"pth"}, "import": {"import", "pth"}, "pcg_off": {"plugin"}}
 TIMEOUT_S = float(os.environ.get("FP4_DYNAMO_SHIM_TEST_ENGINE_TIMEOUT", "480"))
+#: First NCCL port; two engine runs on one machine at once (two SGLang releases) need bases far apart.
+PORT_BASE = int(os.environ.get("FP4_DYNAMO_SHIM_TEST_ENGINE_PORT_BASE", "29500"))
 
 def _sglang_can_serve() -> str | None:
     if not torch.cuda.is_available():
@@ -166,7 +168,7 @@ def engines(tmp_path_factory):
     models = {arch: checkpoints.write_checkpoint(arch, root / "models" / arch) for arch in ARCHITECTURES}
     runs = [(arch, case) for arch in ARCHITECTURES for case in CASES]
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        futures = {(arch, case): pool.submit(_run, arch, case, models[arch], root, 29500 + 10 * i, 2.0 * i)
+        futures = {(arch, case): pool.submit(_run, arch, case, models[arch], root, PORT_BASE + 10 * i, 2.0 * i)
                    for i, (arch, case) in enumerate(runs)}
         results = {key: future.result() for key, future in futures.items()}
     report_dir = os.environ.get("FP4_DYNAMO_SHIM_TEST_REPORT_DIR")
