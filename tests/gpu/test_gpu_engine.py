@@ -20,7 +20,10 @@ and generates greedily from ``input_ids``:
 The H200 is SM90: ``engine/sm120_path/sitecustomize.py`` (on PYTHONPATH, so the spawned scheduler runs it
 too) forces only the decisions that keep SGLang off its FlashInfer NVFP4 path there and stands in for the
 kernels that cannot run on SM90, each listed there with why, per release. ``FP4_DYNAMO_SHIM_FALLBACK=reference``
-makes the shim compute FP4 values with its reference (the FP4 kernels have no SM90 body). All cases run at
+makes the shim compute FP4 values with its reference (the FP4 kernels have no SM90 body). The engines run on
+the reference branch only: on SM90 the kernel branch cannot serve a model, since FlashInfer's FP4 GEMM
+(``mm_fp4``) has no backend there and raises its own error; that branch's compile path is covered by
+``test_gpu_sglang.py`` and ``test_gpu_sglang_wrapper.py`` in both device modes. All cases run at
 once on the one GPU. Nothing asserts a time; start-up, capture and first-token times per route go to
 ``engine_times.txt`` and ``engine_summary.json`` in ``$FP4_DYNAMO_SHIM_TEST_REPORT_DIR``.
 
