@@ -208,7 +208,7 @@ MUTATIONS = [
     mutation("flashinfer-op-fake-kept", "FlashInfer's contiguous fake is left in place",
              f"{PKG}/flashinfer_op.py", "        library._register_fake(NAME, _fake, allow_override=True)\n", "",
              "tests/test_flashinfer_op.py::test_compiled_with_column_major_and_3d_input_matches_eager",
-             "tests/test_flashinfer_op.py::test_the_ops_fake_gives_the_functions_strides_where_autograd_is_off"),
+             "tests/test_flashinfer_op.py::test_the_ops_fake_gives_the_functions_strides_with_autograd_on_and_off"),
     mutation("flashinfer-op-not-restored", "revert() leaves the repaired registrations behind",
              f"{PKG}/flashinfer_op.py", "    return library._destroy\n", "    return lambda: None\n",
              "tests/test_flashinfer_op.py::test_revert_restores_flashinfers_registrations_exactly"),
