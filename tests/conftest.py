@@ -15,8 +15,9 @@ from fp4_dynamo_shim.config import Settings
 
 if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tests/mutation/run_mutmut.py)
     import mutmut_support
+    from mutmut_support import pytest_collection_finish, pytest_runtest_logreport  # noqa: F401  (hooks)
 
-    mutmut_support.make_trampolines_traceable()
+    mutmut_support.install()
 
 # Property tests (tests/test_properties.py): fixed examples everywhere; "ci" bounds their number, "long" is
 # the documented longer run (docs/testing.md). --hypothesis-profile=long picks it.
