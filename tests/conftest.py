@@ -25,7 +25,11 @@ hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, de
                                      print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
 hypothesis.settings.register_profile("long", max_examples=400, derandomize=True, deadline=None, database=None,
                                      print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
-hypothesis.settings.load_profile("ci")
+# mutmut's run (tests/mutation/run_mutmut.py): the "ci" examples, but a failure is not shrunk or explained (a
+# mutant's failing property test spent minutes shrinking; a kill needs one failing example, not the smallest).
+hypothesis.settings.register_profile("mutmut", parent=hypothesis.settings.get_profile("ci"), report_multiple_bugs=False,
+                                     phases=(hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate))
+hypothesis.settings.load_profile("mutmut" if "MUTANT_UNDER_TEST" in os.environ else "ci")
 
 
 @pytest.fixture(autouse=True)
