@@ -360,3 +360,33 @@ def test_silu_and_mul_rounds_its_product_to_the_input_dtype_before_quantizing():
     assert values.permute(2, 0, 1).reshape(1, 8).tolist() == want_packed
     grid = scales.permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).reshape(-1)
     assert layout.unswizzle(grid, 1, 1, False).tolist() == want_scales
+
+
+def test_status_describes_the_release_row_as_plain_data():
+    import dataclasses
+    import json
+
+    for target in targets.TARGETS:
+        row = targets.describe(target)
+        assert json.loads(json.dumps(row)) == row
+        expected = dataclasses.asdict(target)
+        expected.update(versions=str(target.versions), kernel_args=list(target.kernel_args))
+        expected["arithmetic"]["fast_math_switches"] = list(target.arithmetic.fast_math_switches)
+        assert row == expected
+    installed = targets.target_for(patching.flashinfer_version())
+    assert fp4_dynamo_shim.status()["target"] == targets.describe(installed)
+
+
+@pytest.mark.parametrize("version, row", [("0.5.3", 0), ("0.6.6.post1", 0), ("0.6.7", 1), ("0.6.10", 2), ("0.6.11", 3),
+                                          ("0.6.12", 4), ("0.7.0.post1", 5), ("0.7.3", 6), ("0.7.4+cu128", 7),
+                                          ("0.7.5rc1", None), ("0.7.5", None), ("0.5.2", None), ("0.7.4rc1", None)])
+def test_each_version_string_finds_its_release_row(version, row):
+    assert targets.target_for(version) == (None if row is None else targets.TARGETS[row])
+
+
+def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_accepted():
+    assert startup.switch("SOME_SWITCH", {}) == (False, None)
+    assert startup.switch("SOME_SWITCH", {"OTHER": "1"}) == (False, None)
+    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": "maybe"})
+    assert (value, problem) == (False, "SOME_SWITCH='maybe' is not understood; use 1, true, yes or on to switch it "
+                                       "on, or 0, false, no, off or unset for off (treated as off)")
