@@ -294,3 +294,99 @@ def test_oracle_and_reference_agree_on_a_hand_computed_block():
     x = row_of({0: 6.0, 1: -3.0, 2: 1.5})
     assert fp4_oracle.quantize(x.float().tolist(), [1.0], 16, False) == ([[7 | 13 << 4, 3, 0, 0, 0, 0, 0, 0]], [[0x38]])
     assert not math.isnan(fp4_oracle.e4m3_value(0x7E)) and fp4_oracle.e4m3_value(0x7E) == 448.0
+
+
+# --- found by the generated mutants (tests/mutation/run_mutmut.py) --------------------------------------------
+
+def test_the_batched_and_grouped_quantizers_compute_in_the_kernel_mode_in_force(monkeypatch):
+    # Fast math off changes this block's bytes (the NaN amax case above: scale 0x7F, codes 7 then 0 instead of
+    # all 7): the family's quantizers read the switch as fp4_quantize does, rather than the default recipe.
+    x = row_of({0: 1.0, **{i: float("nan") for i in range(1, 16, 2)}})
+    scale = torch.tensor([3.0])
+    default = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    monkeypatch.setenv("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    want_packed, want_sf = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    assert (want_packed.tolist(), want_sf.tolist()) != (default[0].tolist(), default[1].tolist())
+    from fp4_dynamo_shim import layout
+
+    if hasattr(flashinfer, "nvfp4_batched_quantize"):
+        packed, sf = flashinfer.nvfp4_batched_quantize(x.reshape(1, 1, 16), scale)
+        assert packed.reshape(1, 8).tolist() == want_packed.tolist()
+        assert layout.unswizzle(sf[0], 1, 1, False).tolist() == want_sf.tolist()
+    if hasattr(flashinfer, "scaled_fp4_grouped_quantize"):
+        packed, sf = flashinfer.scaled_fp4_grouped_quantize(x.reshape(1, 1, 16), torch.tensor([1], dtype=torch.int32),
+                                                           scale)
+        assert packed.permute(2, 0, 1).reshape(1, 8).tolist() == want_packed.tolist()
+        grid = sf.permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).reshape(-1)
+        assert layout.unswizzle(grid, 1, 1, False).tolist() == want_sf.tolist()
+
+
+def test_block_scale_interleave_of_no_experts_is_empty_like_its_fake():
+    grids = torch.zeros(0, 5, 3, dtype=torch.uint8)
+    out = torch.ops.fp4_dynamo_shim.block_scale_interleave.default(grids)
+    assert out.shape == (0,) and out.dtype == torch.uint8
+    torch.library.opcheck(torch.ops.fp4_dynamo_shim.block_scale_interleave.default, (grids,),
+                          test_utils=("test_faketensor",))
+
+
+def test_an_mxfp4_scale_below_two_to_the_minus_127_rounds_to_byte_0():
+    # 0.7.4 keeps subnormals in MXFP4: amax 2^-130 / 6 = 2^-132.6, whose power of two rounded up (2^-132) is
+    # below e8m0's smallest, 2^-127: byte 0 (cuda_fp8.hpp saturates there), and the block's codes are 0.
+    arithmetic = targets.target_for("0.7.4").arithmetic
+    x = torch.full((1, 32), 2.0 ** -130, dtype=torch.bfloat16)
+    packed, sf = reference.quantize(x, None, 32, True, recipe=Recipe(arithmetic))
+    assert sf.tolist() == [[0]] and packed.tolist() == [[0] * 16]
+    assert fp4_oracle.quantize(x.float().tolist(), None, 32, True, release="0.7.4") == ([[0] * 16], [[0]])
+
+
+def test_silu_and_mul_rounds_its_product_to_the_input_dtype_before_quantizing():
+    # The kernel computes silu(gate) * up in float and stores it in the input dtype before quantizing; found
+    # by search: quantizing this row's float32 product instead gives byte 73 and code 228 where bf16 gives 74, 227.
+    if not hasattr(flashinfer, "silu_and_mul_scaled_nvfp4_experts_quantize"):
+        pytest.skip("this FlashInfer has no silu_and_mul_scaled_nvfp4_experts_quantize")
+    gate = [1.4765625, 2.90625, 3.546875, 5.3125, 2.875, 5.0625, -5.65625, -0.412109375, 5.3125, 1.7890625, 4.8125,
+            -4.65625, -0.37109375, -3.046875, 0.5234375, 0.88671875]
+    up = [-5.84375, -3.40625, -2.640625, 5.0, 3.1875, -4.09375, 3.5625, -4.34375, 1.40625, -4.46875, -5.96875,
+          4.46875, -3.484375, -3.421875, 5.78125, 4.46875]
+    x = torch.tensor([[gate + up]], dtype=torch.bfloat16)
+    values, scales = flashinfer.silu_and_mul_scaled_nvfp4_experts_quantize(x, torch.tensor([1], dtype=torch.int32),
+                                                                           torch.tensor([1.0]))
+    from fp4_dynamo_shim import layout
+
+    product = (x[..., :16].float() / (1.0 + torch.exp(-x[..., :16].float())) * x[..., 16:].float()).to(torch.bfloat16)
+    want_packed, want_scales = fp4_oracle.quantize(product[0].float().tolist(), [1.0], 16, False)
+    assert want_packed == [[203, 124, 227, 8, 179, 143, 0, 17]] and want_scales == [[74]]
+    assert values.permute(2, 0, 1).reshape(1, 8).tolist() == want_packed
+    grid = scales.permute(5, 2, 4, 0, 1, 3).contiguous().view(torch.uint8).reshape(-1)
+    assert layout.unswizzle(grid, 1, 1, False).tolist() == want_scales
+
+
+def test_status_describes_the_release_row_as_plain_data():
+    import dataclasses
+    import json
+
+    for target in targets.TARGETS:
+        row = targets.describe(target)
+        assert json.loads(json.dumps(row)) == row
+        expected = dataclasses.asdict(target)
+        expected.update(versions=str(target.versions), kernel_args=list(target.kernel_args))
+        expected["arithmetic"]["fast_math_switches"] = list(target.arithmetic.fast_math_switches)
+        assert row == expected
+    installed = targets.target_for(patching.flashinfer_version())
+    assert fp4_dynamo_shim.status()["target"] == targets.describe(installed)
+
+
+@pytest.mark.parametrize("version, row", [("0.5.3", 0), ("0.6.6.post1", 0), ("0.6.7", 1), ("0.6.10", 2), ("0.6.11", 3),
+                                          ("0.6.12", 4), ("0.7.0.post1", 5), ("0.7.3", 6), ("0.7.4+cu128", 7),
+                                          ("0.7.5rc1", None), ("0.7.5", None), ("0.5.2", None), ("0.7.4rc1", None)])
+def test_each_version_string_finds_its_release_row(version, row):
+    assert targets.target_for(version) == (None if row is None else targets.TARGETS[row])
+
+
+def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_accepted():
+    assert startup.switch("SOME_SWITCH", {}) == (False, None)
+    assert startup.switch("SOME_SWITCH", {"OTHER": "1"}) == (False, None)
+    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": "maybe"})
+    assert (value, problem) == (False, "SOME_SWITCH='maybe' is not understood; use 1, true, yes or on to switch it "
+                                       "on, or 0, false, no, off or unset for off (treated as off)")

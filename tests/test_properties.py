@@ -169,6 +169,88 @@ def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, d
     packed, sf = reference.quantize(x, torch.tensor([g]), 16 if nvfp4 else 32, not nvfp4, inversed, recipe=recipe)
     want = fp4_oracle.quantize(values, [g], 16 if nvfp4 else 32, not nvfp4, fp8, inversed, want_mode, release)
     assert (packed.tolist(), sf.tolist()) == want
+    assert packed.dtype == sf.dtype == torch.uint8
+
+
+def _battery_values(rng, blocks, size):
+    """One row: each block ordinary (its own magnitude), all zero, all NaN, subnormal-small, or near the top of
+    bf16, with specials sprinkled in."""
+    specials = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 2.0 ** -130, 2.0 ** -24, 448.0, 0.25, 0.75,
+                2.5, 5.0, 6.0]
+    row = []
+    for _ in range(blocks):
+        kind = rng.choice(["ordinary"] * 6 + ["zero", "nan", "tiny", "huge"])
+        magnitude = {"tiny": 2.0 ** -131, "huge": 2.0 ** 120}.get(kind, 2.0 ** rng.randint(-14, 14))
+        for _ in range(size):
+            if kind in ("zero", "nan"):
+                row.append(0.0 if kind == "zero" else float("nan"))
+            else:
+                row.append(rng.choice(specials) if rng.random() < 0.1 else rng.gauss(0.0, 1.0) * magnitude)
+    return row
+
+
+def _battery_call(case):
+    """(reference bytes, oracle bytes) of one call given as plain data (a battery entry, or one from
+    tests/fp4_cases.json)."""
+    release, arithmetic = fp4_oracle.release_of(case["version"]), targets.target_for(case["version"]).arithmetic
+    x = torch.tensor(case["values"], dtype=torch.float32).reshape(case["rows"], -1)
+    dtype = getattr(torch, case["dtype"])
+    x = (x.clamp(-448, 448) if dtype is torch.float8_e4m3fn else x).to(dtype)
+    setting = case["four_over_six"]
+    recipe = fp4_arithmetic.Recipe(arithmetic, case["fast_math"], fp4_arithmetic.FourOverSix(*setting) if setting else None)
+    g = case["global_scale"]
+    size = 32 if case["ue8m0"] else 16
+    packed, sf = reference.quantize(x, None if g is None else torch.tensor([g], dtype=torch.float32), size,
+                                    case["ue8m0"], case["inversed"], recipe=recipe)
+    assert packed.dtype == sf.dtype == torch.uint8
+    mode = fp4_oracle.Mode(case["fast_math"], bool(setting), *(setting or (False, False)))
+    want = fp4_oracle.quantize(x.float().tolist(), None if g is None else [g], size, case["ue8m0"],
+                               dtype is torch.float8_e4m3fn, case["inversed"], mode, release)
+    return (packed.tolist(), sf.tolist()), want
+
+
+def test_every_mode_of_every_release_row_matches_the_oracle_on_a_fixed_battery():
+    # Each release row x each mode it has (fast math x 4over6 x MAE/MSE x fast error) x each scale format and
+    # input dtype, on rows of 2-3 blocks with their own magnitudes, specials, and global scales across the
+    # range: the property tests above sample this space; this covers every cell of it on every run.
+    import random
+
+    rng = random.Random(17)
+    scales = [1.0, 2688.0, 14.517072677612305, 1.7, 2.0 ** -12, 1e-30, 3.0e30, -2.5, 0.0, float("inf")]
+    cases = 0
+    for version in ROW_VERSIONS:
+        arithmetic = targets.target_for(version).arithmetic
+        fast_maths = (True, False) if arithmetic.fast_math_switches else (True,)
+        settings = [None] + ([[mse, fast] for mse in (False, True) for fast in (False, True)]
+                             if arithmetic.four_over_six != "none" else [])
+        for fast_math in fast_maths:
+            for setting in settings:
+                for ue8m0, dtype in ((False, "bfloat16"), (False, "float16"), (False, "float8_e4m3fn"),
+                                     (True, "bfloat16"), (True, "float8_e4m3fn")):
+                    if setting and (ue8m0 or dtype == "float8_e4m3fn"):
+                        continue  # 4over6 is NVFP4 from 16-bit input only
+                    for inversed in (False, True):
+                        rows, blocks = 3, 2 if ue8m0 else 3
+                        values = [v for r in range(rows) for v in _battery_values(rng, blocks, 32 if ue8m0 else 16)]
+                        case = dict(version=version, dtype=dtype, ue8m0=ue8m0, fast_math=fast_math,
+                                    four_over_six=setting, rows=rows, values=values, inversed=inversed,
+                                    global_scale=None if ue8m0 and inversed else rng.choice(scales))
+                        got, want = _battery_call(case)
+                        assert got == want, {k: v for k, v in case.items() if k != "values"}
+                        cases += 1
+    assert cases == 218
+
+
+def test_the_searched_inputs_match_the_oracle():
+    # Calls that tell a plausible arithmetic mistake from the kernel's arithmetic, found by
+    # tests/mutation/find_inputs.py against mutmut's mutants of fp4_arithmetic; expected bytes from the oracle.
+    import json
+    from pathlib import Path
+
+    cases = json.loads((Path(__file__).parent / "fp4_cases.json").read_text())
+    for case in cases:
+        got, want = _battery_call(case)
+        assert got == want, case["found_for"]
 
 
 # --- eager against compiled, the direct path against the general one --------------------------------------
@@ -305,6 +387,65 @@ def test_dequantize_matches_the_oracles_decode(data, ufp8_type, layout_choice, g
     want = [[_f32(fp4_oracle.e2m1_value((codes[r][i // 2] >> (4 * (i % 2))) & 0xF) * scale_of(scales[r][i // sf_vec_size]))
              for i in range(sf_columns * sf_vec_size)] for r in range(rows)]
     assert numpy.array_equal(values.numpy(), numpy.array(want, dtype=numpy.float32), equal_nan=True)
+    if layout_choice != "8x4":  # the reference on its own: 128x4 by default (as tests/gpu call it), and like
+        # fp4Op.cpp it reads the global scale's first element only
+        direct = reference.e2m1_and_ufp8sf_scale_to_float(
+            torch.tensor(codes, dtype=torch.uint8), torch.tensor(flat, dtype=torch.uint8), torch.tensor([g, 3.0]),
+            sf_vec_size, ufp8_type, layout_choice != "linear")
+        assert numpy.array_equal(direct.numpy(), values.numpy(), equal_nan=True)
+
+
+@given(data=st.data(), ue8m0=st.booleans(), scale_form=st.sampled_from(["none", "float", "one", "per-row"]))
+def test_reference_dequantize_matches_the_oracles_decode_for_every_global_scale_form(data, ue8m0, scale_form):
+    # reference.dequantize (mm_fp4's reference and the tests' decoder): e4m3 scales divided by the global scale
+    # (None, a float, one value, one per row), or e8m0 scales 2^(byte - 127) with no global scale.
+    rows, sf_columns = data.draw(st.sampled_from([1, 2, 3, 5])), data.draw(st.integers(1, 5))
+    sf_vec_size = 32 if ue8m0 else 16
+    codes = [[data.draw(st.integers(0, 255)) for _ in range(sf_columns * sf_vec_size // 2)] for _ in range(rows)]
+    scale_bytes = st.integers(0, 254) if ue8m0 else st.integers(0, 126)  # 0x7F: e4m3 NaN
+    scales = [[data.draw(scale_bytes) for _ in range(sf_columns)] for _ in range(rows)]
+    g = [_f32(data.draw(st.sampled_from([0.25, 2.0, 448.0]) if scale_form == "float" else global_scales))
+         for _ in range(rows if scale_form == "per-row" else 1)]
+    global_scale = {"none": None, "float": g[0], "one": torch.tensor(g[:1]), "per-row": torch.tensor(g)}[scale_form]
+    values = reference.dequantize(torch.tensor(codes, dtype=torch.uint8), torch.tensor(scales, dtype=torch.uint8),
+                                  global_scale, sf_vec_size, ue8m0)
+
+    def scale_of(r, byte):
+        if ue8m0:
+            return numpy.float32(fp4_oracle.e8m0_value(byte))
+        decoded = numpy.float32(fp4_oracle.e4m3_value(byte))
+        return decoded if global_scale is None else decoded / numpy.float32(g[r if len(g) > 1 else 0])
+
+    with numpy.errstate(all="ignore"):
+        want = numpy.array([[numpy.float32(fp4_oracle.e2m1_value((codes[r][i // 2] >> 4 * (i % 2)) & 0xF))
+                             * scale_of(r, scales[r][i // sf_vec_size]) for i in range(sf_columns * sf_vec_size)]
+                            for r in range(rows)], dtype=numpy.float32)
+    assert values.dtype == torch.float32 and values.shape == (rows, sf_columns * sf_vec_size)
+    assert numpy.array_equal(values.numpy(), want, equal_nan=True)
+
+
+@given(data=st.data(), with_alpha=st.booleans())
+def test_mxfp4_mm_fp4_matches_the_oracles_dequantized_product(data, with_alpha):
+    # MXFP4 operands (use_nvfp4=False): e8m0 scales per 32 elements, no global scales.
+    rows, outputs = data.draw(st.sampled_from([1, 3, 9])), data.draw(st.sampled_from([1, 4]))
+    columns = 32 * data.draw(st.integers(1, 3))
+    small = st.one_of(st.floats(-4, 4, width=32), st.sampled_from([0.0, -0.0, 2.0 ** -20, 3.0e4, -448.0]))
+    a, w = (torch.tensor(data.draw(st.lists(small, min_size=n * columns, max_size=n * columns)))
+            .reshape(n, columns).to(torch.bfloat16) for n in (rows, outputs))
+    a_packed, a_sf = flashinfer.fp4_quantize(a, None, 32, True, True)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, None, 32, True, True)
+    alpha = torch.tensor([0.375]) if with_alpha else None
+    out = flashinfer.mm_fp4(a_packed, w_packed.t(), a_sf, w_sf.t(), alpha, torch.float32, block_size=32,
+                            use_nvfp4=False)
+
+    def dequantized(values):
+        packed, scales = fp4_oracle.quantize(values, None, 32, True, release=INSTALLED)
+        return numpy.array([[fp4_oracle.e2m1_value((p[i // 2] >> 4 * (i % 2)) & 0xF) * fp4_oracle.e8m0_value(s[i // 32])
+                             for i in range(len(p) * 2)] for p, s in zip(packed, scales)])
+
+    want = dequantized(a.float().tolist()) @ dequantized(w.float().tolist()).T * (0.375 if with_alpha else 1)
+    assert out.shape == (rows, outputs) and out.dtype == torch.float32
+    numpy.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * (numpy.abs(want).max() + 1))
 
 
 @given(data=st.data(), is_8x4=st.booleans(), with_alpha=st.booleans())

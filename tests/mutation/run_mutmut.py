@@ -1,16 +1,17 @@
 """Generated mutation testing with mutmut over the modules whose bugs are silent, checked against a list.
 
 mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that
-function (its configuration is ``[tool.mutmut]`` in pyproject.toml; tests/mutmut_support.py lets its
-trampolines run under torch.compile). This script runs it in a temporary copy of the project, then holds
-the outcome against ``survivors.txt``: every surviving mutant must be listed there with the reason it is
-equivalent (or harmless), and every listed one must still exist and still survive. It prints the killed
-ratio per module, equivalents excluded.
+function (its common settings are ``[tool.mutmut]`` in pyproject.toml; tests/mutmut_support.py lets its
+trampolines run under torch.compile and keeps a mutant's session cheap). The modules are run in GROUPS, each
+in its own temporary copy of the project with its own test selection: the fast tests that protect those
+modules, so a surviving mutant (which runs every selected test that reaches its function) costs seconds,
+not the whole suite. The outcome is held against ``survivors.txt``: every surviving mutant must be listed
+there with the reason it is equivalent, and every listed one must still exist and still survive. It prints
+the killed ratio per module, listed mutants excluded.
 
-    python tests/mutation/run_mutmut.py                 # the full run (docs/testing.md; an hour or more)
-    python tests/mutation/run_mutmut.py --save          # ... and write mutmut_results.json (committed)
-    python tests/mutation/run_mutmut.py --sample 30     # CI: 30 mutants spread over the committed results
-    python tests/mutation/run_mutmut.py --module layout # one module of SCOPE
+    python tests/mutation/run_mutmut.py --save          # the full run; writes mutmut_results.json (committed)
+    python tests/mutation/run_mutmut.py --module layout # the group holding one module (its other modules too)
+    python tests/mutation/run_mutmut.py --sample 40     # CI: a fixed-seed sample of the committed results
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -18,9 +19,12 @@ Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutm
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import fnmatch
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -33,52 +37,140 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SURVIVORS = HERE / "survivors.txt"
 RESULTS = HERE / "mutmut_results.json"
+#: Each group's stats from the last full run (which test reaches which function, and what it costs), so
+#: a sample run reuses them instead of running the group's whole selection once more.
+STATS = HERE / "mutmut_stats"
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
-#: Module -> the mutant names (globs) in scope: whole modules, except the direct path of wrapper.py and
-#: the start-up hook's switch parsing.
-SCOPE = {
-    "fp4_arithmetic": ["fp4_dynamo_shim.fp4_arithmetic.*"],
-    "reference": ["fp4_dynamo_shim.reference.*"],
-    "layout": ["fp4_dynamo_shim.layout.*"],
-    "wrapper (direct path)": ["fp4_dynamo_shim.wrapper.x__direct_path__mutmut_*", "fp4_dynamo_shim.wrapper.x_build__mutmut_*"],
-    "ops": ["fp4_dynamo_shim.ops.*"],
-    "family_ops": ["fp4_dynamo_shim.family_ops.*"],
-    "flashinfer_op": ["fp4_dynamo_shim.flashinfer_op.*"],
-    "hook switch": ["fp4_dynamo_shim_hook.x_switch__mutmut_*"],
-    "targets": ["fp4_dynamo_shim.targets.*"],
-    "family": ["fp4_dynamo_shim.family.*"],
-    "checks": ["fp4_dynamo_shim.checks.*"],
-}
+_SUBPROCESS_TESTS = (  # minutes of venvs and children, which mutmut's trampolines do not follow
+    "--deselect", "tests/test_edges.py::test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch",
+    "--deselect", "tests/test_lifecycle.py::test_import_without_flashinfer_installed_succeeds_and_says_so",
+)
+#: Tests that compare a compiled region with eager execution, where both compute with the same reference
+#: arithmetic: they see a mutant of it only if it breaks tracing, and cost an inductor build per run.
+_COMPILED_AGAINST_EAGER = (
+    "--deselect", "tests/test_family.py::test_traces_with_no_graph_breaks_runs_and_matches_eager",
+    "--deselect", "tests/test_properties.py::test_compiled_fp4_quantize_matches_eager",
+)
+_STATUS_PROPERTY = ("--deselect", "tests/test_properties.py::test_status_keeps_its_keys_and_names_every_unknown_value")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Modules run together: their files, the mutant names in scope per module, the tests that protect them."""
+
+    name: str
+    modules: dict
+    tests: tuple
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"\W+", "-", self.name)
+
+
+def _package_file(pattern: str) -> str:
+    module = pattern.split(".x")[0].rstrip(".*")
+    return "src/" + module.replace(".", "/") + ".py"
+
+
+GROUPS = (  # cheapest first
+    Group("arithmetic", {
+        "fp4_arithmetic": ["fp4_dynamo_shim.fp4_arithmetic.*"],
+        "reference": ["fp4_dynamo_shim.reference.*"],
+        "layout": ["fp4_dynamo_shim.layout.*"],
+    }, ("tests/test_reference.py", "tests/test_kernel_modes.py", "tests/test_edges.py", "tests/test_properties.py",
+        "tests/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
+    Group("start-up and tables", {
+        "hook switch": ["fp4_dynamo_shim_hook.x_switch__mutmut_*"],
+        "targets": ["fp4_dynamo_shim.targets.*"],
+    }, ("tests/test_edges.py", "tests/test_properties.py", "tests/test_lifecycle.py", *_SUBPROCESS_TESTS,
+        "tests/test_op.py::test_each_release_gets_the_row_its_wheel_calls_for",
+        "tests/test_op.py::test_swizzled_scale_factor_columns_follow_the_release",
+        "tests/test_op.py::test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it",
+        "tests/test_op.py::test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row",
+        "tests/test_flashinfer_op.py::test_the_release_table_says_what_flashinfers_op_body_does")),
+    Group("checks", {
+        "checks": ["fp4_dynamo_shim.checks.*"],
+    }, ("tests/test_checks.py", "tests/test_edges.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
+        "tests/test_flashinfer_op.py::test_verify_compiles_flashinfers_op_with_a_kernel_that_cannot_take_fake_tensors")),
+    Group("family", {
+        "family_ops": ["fp4_dynamo_shim.family_ops.*"],
+        "family": ["fp4_dynamo_shim.family.*"],
+    }, ("tests/test_family.py", "tests/test_edges.py", "tests/test_properties.py", *_SUBPROCESS_TESTS,
+        *_STATUS_PROPERTY)),
+    Group("tracing", {
+        "wrapper (direct path)": ["fp4_dynamo_shim.wrapper.x__direct_path__mutmut_*",
+                                  "fp4_dynamo_shim.wrapper.x_build__mutmut_*"],
+        "ops": ["fp4_dynamo_shim.ops.*"],
+        "flashinfer_op": ["fp4_dynamo_shim.flashinfer_op.*"],
+    }, ("tests/test_op.py", "tests/test_compile.py", "tests/test_flashinfer_op.py", "tests/test_parity.py",
+        "tests/test_battery.py", "tests/test_edges.py", "tests/test_properties.py", "tests/test_lifecycle.py",
+        *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
+)
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
+def group_files(group: Group) -> list:
+    return sorted({_package_file(p) for patterns in group.modules.values() for p in patterns})
+
+
 def module_of(name: str):
-    for module, patterns in SCOPE.items():
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-            return module
+    for group in GROUPS:
+        for module, patterns in group.modules.items():
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                return module
     return None
 
 
+def group_of_module(module: str) -> Group:
+    return next(group for group in GROUPS if module in group.modules)
+
+
+#: How a listed survivor counts: an equivalent mutant is left out of the score; one that could not be
+#: killed here (it differs only on a GPU, or no test found yet tells it apart) counts as not killed.
+KINDS = ("equivalent", "gpu-only", "open")
+
+
 def read_survivors() -> dict:
-    """name -> reason, from ``survivors.txt`` (``name  # reason`` per line; blank lines and comments skipped)."""
+    """name -> (kind, reason), from ``survivors.txt``: ``name  # kind: reason`` per line, kind one of KINDS
+    (blank lines and comment lines skipped)."""
     listed = {}
     for line in SURVIVORS.read_text().splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        name, _, reason = line.partition("#")
-        if not reason.strip():
-            raise SystemExit(f"{SURVIVORS.name}: {name.strip()} has no reason")
-        listed[name.strip()] = reason.strip()
+        name, _, note = line.partition("#")
+        kind, _, reason = note.partition(":")
+        if kind.strip() not in KINDS or not reason.strip():
+            raise SystemExit(f"{SURVIVORS.name}: {name.strip()}: expected '# kind: reason', kind one of {KINDS}")
+        listed[name.strip()] = (kind.strip(), reason.strip())
     return listed
 
 
-def mutmut(tree: Path, *arguments, timeout=None) -> subprocess.CompletedProcess:
+def _toml_list(values) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def configure_tree(tree: Path, group: Group) -> None:
+    """The group's files and test selection in the copy's ``[tool.mutmut]`` (the rest stays pyproject's)."""
+    pyproject = tree / "pyproject.toml"
+    text = pyproject.read_text()
+    for key, values in (("only_mutate", group_files(group)), ("pytest_add_cli_args_test_selection", group.tests)):
+        text, count = re.subn(rf"(?ms)^{key} = \[.*?\]$", lambda _: f"{key} = {_toml_list(values)}", text)
+        assert count == 1, f"pyproject.toml: [tool.mutmut] {key} not found once"
+    pyproject.write_text(text)
+
+
+def mutmut(tree: Path, *arguments, log=None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("FP4_DYNAMO_SHIM", "MUTANT_UNDER_TEST")}
     environment.setdefault("OMP_NUM_THREADS", "1")  # two cores, shared: one thread per mutant
-    return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
-                          capture_output=True, text=True, timeout=timeout)
+    environment["PYTHONDONTWRITEBYTECODE"] = "1"
+    if log is None:
+        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
+                              capture_output=True, text=True)
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
+                              stdout=out, stderr=subprocess.STDOUT, text=True)
 
 
 def results(tree: Path) -> dict:
@@ -92,72 +184,176 @@ def results(tree: Path) -> dict:
     return outcome
 
 
+def diff_of(tree: Path, name: str) -> str:
+    shown = mutmut(tree, "show", name).stdout
+    return "\n".join(line for line in shown.splitlines()[1:] if line.startswith(("+", "-"))
+                     and not line.startswith(("+++", "---")))
+
+
+def run_group(group: Group, names, scratch: Path, children: int, stats_from=None) -> tuple:
+    """(name -> status, name -> diff of each mutant not killed, seconds, mutmut's log tail) for one group."""
+    started = time.perf_counter()
+    tree = scratch / group.slug
+    if not (tree / "pyproject.toml").exists():
+        copy_project(tree)
+        configure_tree(tree, group)
+    if stats_from is not None and stats_from.exists():
+        (tree / "mutants").mkdir(exist_ok=True)
+        shutil.copy(stats_from, tree / "mutants" / "mutmut-stats.json")
+    log = scratch / f"{tree.name}.log"
+    patterns = [p for patterns in group.modules.values() for p in patterns]
+    run = mutmut(tree, "run", "--max-children", str(children), *(names or patterns), log=log)
+    outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    if names is not None:
+        outcome = {n: s for n, s in outcome.items() if any(fnmatch.fnmatchcase(n, p) for p in names)}
+    diffs = {n: diff_of(tree, n) for n, s in outcome.items() if s not in KILLED}
+    tail = log.read_text()[-3000:]
+    if run.returncode != 0:
+        outcome = {}
+    stats = tree / "mutants" / "mutmut-stats.json"
+    if stats.exists():
+        shutil.copy(stats, scratch / f"{tree.name}.stats.json")
+    return outcome, diffs, time.perf_counter() - started, tail
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def scores_of(outcome: dict, listed: dict, modules) -> dict:
+    scores = {}
+    for module in modules:
+        names = [n for n in outcome if module_of(n) == module]
+        killed = sum(outcome[n] in KILLED for n in names)
+        kinds = {kind: sum(n in listed and listed[n][0] == kind and outcome[n] not in KILLED for n in names)
+                 for kind in KINDS}
+        scored = len(names) - kinds["equivalent"]
+        scores[module] = {"mutants": len(names), "killed": killed, **kinds,
+                          "score": round(killed / scored, 4) if scored else None}
+    return scores
+
+
+def print_scores(scores: dict) -> None:
+    print(f"{'module':24} {'mutants':>8} {'killed':>7} {'equiv.':>7} {'gpu-only':>8} {'open':>5} {'score':>7}")
+    rows = list(scores.items())
+    total = {key: sum(s[key] for s in scores.values()) for key in ("mutants", "killed", *KINDS)}
+    scored = total["mutants"] - total["equivalent"]
+    rows.append(("all", {**total, "score": total["killed"] / scored if scored else None}))
+    for module, s in rows:
+        score = f"{100 * s['score']:.1f}%" if s["score"] is not None else "-"
+        print(f"{module:24} {s['mutants']:8} {s['killed']:7} {s['equivalent']:7} {s['gpu-only']:8} {s['open']:5} "
+              f"{score:>7}")
+
+
+def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, children: int) -> None:
+    """Merge this run's groups into mutmut_results.json (each group keeps the date and commit it was run at)."""
+    record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    mutants, not_killed, runs = record.get("mutants", {}), record.get("not_killed", {}), record.get("groups", {})
+    for group in groups:
+        if group.name not in seconds:
+            continue
+        mutants = {n: s for n, s in mutants.items() if module_of(n) not in group.modules}
+        not_killed = {n: d for n, d in not_killed.items() if module_of(n) not in group.modules}
+        runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": commit(),
+                            "seconds": round(seconds[group.name]), "max_children": children,
+                            "mutants": sum(module_of(n) in group.modules for n in outcome)}
+    mutants.update(outcome)
+    not_killed.update({n: diffs.get(n, "") for n, s in outcome.items() if s not in KILLED})
+    all_modules = [m for g in GROUPS for m in g.modules]
+    record = {"command": "python tests/mutation/run_mutmut.py --save", "groups": runs,
+              "scores": scores_of(mutants, listed, all_modules), "mutants": dict(sorted(mutants.items())),
+              "not_killed": dict(sorted(not_killed.items()))}
+    RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--module", action="append", choices=sorted(SCOPE), help="only these modules of SCOPE")
-    parser.add_argument("--sample", type=int, help="this many mutants spread over the committed results (CI)")
+    all_modules = [m for g in GROUPS for m in g.modules]
+    parser.add_argument("--module", action="append", choices=all_modules,
+                        help="the groups holding these modules (default: every group)")
+    parser.add_argument("--mutant", action="append", help="only these mutants (names or globs); not saved")
+    parser.add_argument("--sample", type=int, help="this many mutants of the committed results, fixed seed (CI)")
+    parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--save", action="store_true", help=f"write {RESULTS.name} from this run")
+    parser.add_argument("--save", action="store_true",
+                        help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
     parser.add_argument("--keep", type=Path, help="run in (and keep) this directory instead of a temporary one")
     options = parser.parse_args()
     listed = read_survivors()
-    modules = options.module or list(SCOPE)
+    groups = [g for g in GROUPS if not options.module or set(g.modules) & set(options.module)]
+    if options.mutant:
+        groups = [g for g in groups if any(fnmatch.fnmatchcase(p, m) or fnmatch.fnmatchcase(m, p) for m in options.mutant
+                                           for patterns in g.modules.values() for p in patterns)]
+    modules = [m for g in groups for m in g.modules]
+    names_by_group = {g.name: None for g in groups}
     if options.sample:
         committed = json.loads(RESULTS.read_text())["mutants"]
-        names = sorted(n for n in committed if module_of(n) in modules)
-        step = max(1, len(names) // options.sample)
-        selected = names[::step][: options.sample]
-    else:
-        selected = [pattern for module in modules for pattern in SCOPE[module]]
+        population = sorted(n for n in committed if module_of(n) in modules)
+        selected = sorted(random.Random(options.seed).sample(population, min(options.sample, len(population))))
+        names_by_group = {g.name: [n for n in selected if module_of(n) in g.modules] for g in groups}
+    elif options.mutant:
+        names_by_group = {g.name: options.mutant for g in groups}
+    names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
+    partial = bool(options.sample or options.mutant)
     started = time.perf_counter()
     scratch = options.keep or Path(tempfile.mkdtemp(prefix="fp4-mutmut-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    outcome, diffs, seconds, problems = {}, {}, {}, []
     try:
-        tree = scratch if (scratch / "pyproject.toml").exists() else copy_project(scratch)
-        run = mutmut(tree, "run", "--max-children", str(options.max_children), *selected)
-        outcome = {n: s for n, s in results(tree).items() if module_of(n) in modules}
-        if options.sample:
-            outcome = {n: s for n, s in outcome.items() if n in selected}
-        if not outcome:
-            print(run.stdout[-3000:], run.stderr[-3000:], sep="\n")
-            print("mutmut produced no results")
-            return 1
+        for group in groups:
+            if group.name not in names_by_group:
+                continue
+            names = names_by_group[group.name]
+            stats_from = STATS / f"{group.slug}.json" if options.sample else None
+            print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
+                  flush=True)
+            got, got_diffs, took, tail = run_group(group, names, scratch, options.max_children, stats_from)
+            print(f"[{group.name}] {len(got)} results in {took:.0f} s", flush=True)
+            if not got:
+                print(tail)
+                problems.append(f"{group.name}: mutmut produced no results")
+                continue
+            if options.sample:
+                missing = sorted(set(names) - set(got))
+                if missing:
+                    problems.append(f"{group.name}: {len(missing)} sampled mutant(s) no longer exist "
+                                    f"({', '.join(missing[:5])}...): the committed full run is stale, run it again")
+            seconds[group.name] = took
+            outcome.update(got)
+            diffs.update(got_diffs)
+            if options.save and not partial and (scratch / f"{group.slug}.stats.json").exists():
+                STATS.mkdir(exist_ok=True)
+                stats = json.loads((scratch / f"{group.slug}.stats.json").read_text())
+                (STATS / f"{group.slug}.json").write_text(json.dumps(stats, indent=0, sort_keys=True) + "\n")
     finally:
         if not options.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    problems = []
+
     for name, status in sorted(outcome.items()):
         if status in KILLED:
             if name in listed:
                 problems.append(f"{name}: listed in {SURVIVORS.name} but now {status}; take it off the list")
         elif name not in listed:
             problems.append(f"{name}: {status}, not listed in {SURVIVORS.name} (kill it with a test, or list it "
-                            "with the reason it is equivalent)")
-    ran_everything = not options.sample
-    if ran_everything:
+                            f"with its kind and reason)\n{diffs.get(name, '')}")
+    if not partial:
         for name in listed:
-            if module_of(name) in modules and name not in outcome:
+            if module_of(name) in modules and name not in outcome and group_of_module(module_of(name)).name in seconds:
                 problems.append(f"{name}: listed in {SURVIVORS.name} but no such mutant exists any more")
-    print(f"{'module':24} {'mutants':>8} {'killed':>7} {'listed':>7} {'score':>7}")
-    scores = {}
-    for module in modules:
-        names = [n for n in outcome if module_of(n) == module]
-        killed = sum(outcome[n] in KILLED for n in names)
-        equivalent = sum(n in listed and outcome[n] not in KILLED for n in names)
-        scored = len(names) - equivalent
-        scores[module] = {"mutants": len(names), "killed": killed, "listed": equivalent,
-                          "score": round(killed / scored, 4) if scored else None}
-        score = f"{100 * killed / scored:.1f}%" if scored else "-"
-        print(f"{module:24} {len(names):8} {killed:7} {equivalent:7} {score:>7}")
-    total = sum(s["mutants"] for s in scores.values())
-    total_killed = sum(s["killed"] for s in scores.values())
-    total_listed = sum(s["listed"] for s in scores.values())
-    print(f"{'all':24} {total:8} {total_killed:7} {total_listed:7} "
-          f"{100 * total_killed / max(1, total - total_listed):6.1f}%   ({time.perf_counter() - started:.0f} s)")
+    print_scores(scores_of(outcome, listed, modules))
+    print(f"({time.perf_counter() - started:.0f} s)")
     for problem in problems:
         print("PROBLEM", problem)
-    if options.save and ran_everything:
-        RESULTS.write_text(json.dumps({"scores": scores, "mutants": outcome}, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {RESULTS.relative_to(ROOT)}")
+    if options.save and not partial:
+        save(outcome, diffs, seconds, groups, listed, options.max_children)
     return 1 if problems else 0
 
 
