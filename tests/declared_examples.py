@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -21,7 +22,7 @@ BF16, F32 = torch.bfloat16, torch.float32
 class Example:
     module: str
     function: str
-    build: Callable  # device -> (args, kwargs)
+    build: Callable  # device -> (args, kwargs); or (device, function) -> ..., when it reads the signature
     #: Argument positions the function writes in place (compared after the call, like the result).
     writes: tuple = ()
     #: The function draws random numbers: eager and compiled runs start from the same seed.
@@ -36,6 +37,11 @@ class Example:
             return getattr(importlib.import_module(self.module), self.function)
         except (ImportError, AttributeError):
             return None
+
+    def arguments(self, device: str):
+        if len(inspect.signature(self.build).parameters) == 2:
+            return self.build(device, self.resolve())
+        return self.build(device)
 
 
 def _randn(*shape, device, dtype=BF16, seed=0):
@@ -66,16 +72,22 @@ def _layernorm(device):  # as SGLang's NSA indexer calls it: bf16 input, float32
             _randn(128, device=device, dtype=F32, seed=2), 1e-6), {}
 
 
-def _rmsnorm_quant(device):
+def _scale(device, function):
+    """0.6.x takes the quantization scale as a float, 0.7.x as a float or a one-element tensor."""
+    annotation = inspect.signature(function).parameters["scale"].annotation
+    return 0.5 if annotation in (float, "float") else torch.full((1,), 0.5, device=device, dtype=F32)
+
+
+def _rmsnorm_quant(device, function):
     out = torch.empty(32, 256, device=device, dtype=torch.float8_e4m3fn)
-    return (out, _randn(32, 256, device=device), _randn(256, device=device, seed=1),
-            torch.ones(1, device=device, dtype=F32), 1e-6), {}
+    return (out, _randn(32, 256, device=device), _randn(256, device=device, seed=1), _scale(device, function),
+            1e-6), {}
 
 
-def _fused_add_rmsnorm_quant(device):
+def _fused_add_rmsnorm_quant(device, function):
     out = torch.empty(32, 256, device=device, dtype=torch.float8_e4m3fn)
     return (out, _randn(32, 256, device=device), _randn(32, 256, device=device, seed=2),
-            _randn(256, device=device, seed=1), torch.ones(1, device=device, dtype=F32), 1e-6), {}
+            _randn(256, device=device, seed=1), _scale(device, function), 1e-6), {}
 
 
 def _qk(device, tokens=16, heads=4, head_dim=128):

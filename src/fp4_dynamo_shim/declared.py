@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -236,14 +237,19 @@ def module_name(package_dir: Path, path: Path) -> str:
     return ".".join(parts)
 
 
+@functools.lru_cache(maxsize=None)
+def _declares(path: Path, mtime_ns: int, size: int) -> bool:
+    try:
+        return f"@{CUSTOM}" in path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
 def declaring_files(package_dir: Path) -> Iterator[Path]:
     """The package's files that mention ``register_custom_op`` (a text test first: parsing is the cost)."""
     for path in sorted(package_dir.rglob("*.py")):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        if f"@{CUSTOM}" in text:
+        stat = path.stat()
+        if _declares(path, stat.st_mtime_ns, stat.st_size):
             yield path
 
 
@@ -252,11 +258,18 @@ def scan(package_dir: Path) -> Scan:
     return scan_files(Path(package_dir), declaring_files(Path(package_dir)))
 
 
+@functools.lru_cache(maxsize=None)
+def _scan_file(path: Path, module: str, mtime_ns: int, size: int):
+    """One file's declarations, parsed once per content (revert() and apply() again re-read nothing)."""
+    return scan_source(path.read_text(encoding="utf-8"), module)
+
+
 def scan_files(package_dir: Path, paths) -> Scan:
     """The declarations of some of the package's files."""
     declarations, namespaces = [], {}
     for path in paths:
-        found, getters = scan_source(path.read_text(encoding="utf-8"), module_name(package_dir, path))
+        stat = path.stat()
+        found, getters = _scan_file(path, module_name(package_dir, path), stat.st_mtime_ns, stat.st_size)
         declarations.extend(found)
         namespaces.update({(n.module, n.getter): n for n in getters})
     return Scan(tuple(declarations), namespaces)

@@ -94,6 +94,9 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         return_annotation = return_adapter.schema_type
     if return_annotation is inspect.Signature.empty:
         raise NotExpressible(f"{function} has no return annotation")
+    if return_annotation in (None, type(None)) and not mutates:
+        # An op that returns nothing and writes nothing is dead code to torch.compile: the call would vanish.
+        raise NotExpressible(f"{function} returns None and declares no mutated argument")
     schema = _infer(pieces, return_annotation, mutates or ())
     return Op(name, schema, pieces, signature, getter_signature, return_adapter, pack, unpack, checks)
 

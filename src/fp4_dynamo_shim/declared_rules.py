@@ -13,7 +13,9 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .config import FLASHINFER_OPS as GATE_VARIABLE
+from . import config
+
+GATE_VARIABLE = config.FLASHINFER_OPS
 
 #: The declared functions SGLang's traced paths call raw (issue 20): on under the default gate.
 #: (module, op name after ``flashinfer::``) -> the SGLang call that reaches it.
@@ -22,6 +24,12 @@ SGLANG = {
     ("flashinfer.norm", "rmsnorm_quant"): "FP8 per-tensor RMSNorm with tc_piecewise (sglang 0.5.19-0.5.21)",
     ("flashinfer.fused_moe.fused_routing_dsv3", "NoAuxTc"): "fused_topk_deepseek (sglang 0.5.9, no shared-expert fusion)",
 }
+
+#: What became of a declaration (status()["flashinfer_ops"]["counts"] counts each).
+REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED = (
+    "registered", "off under the gate", "covered by the FP4 layer", "out of scope", "FlashInfer's own op",
+    "not expressible", "failed")
+KINDS = (REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED)
 
 #: The getter the FP4 layer owns (``preload`` builds it; ``family_ops`` carries its functions).
 FP4_GETTER = "get_fp4_quantization_module"
@@ -53,17 +61,31 @@ EXCLUSIONS = (
 )
 
 
-def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[str]:
-    """Why a declaration is left alone by rule, or None."""
+def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(kind, reason) for a declaration left alone by rule, or None."""
     if getter == FP4_GETTER:
         if name in FP4_FAMILY:
-            return "covered by the FP4 family (family.py, family_ops.py, ops.py)"
-        return (f"in {FP4_GETTER}, which the FP4 layer owns (preload.py builds it): not registered twice; "
-                "not part of the FP4 family either")
+            return FP4_LAYER, "covered by the FP4 family (family.py, family_ops.py, ops.py)"
+        return FP4_LAYER, (f"in {FP4_GETTER}, which the FP4 layer owns (preload.py builds it): not registered "
+                           "twice; not part of the FP4 family either")
     for exclusion in EXCLUSIONS:
         if exclusion.matches(module, getter):
-            return exclusion.reason
+            return OUT_OF_SCOPE, exclusion.reason
     return None
+
+
+def _samples(probs, indices=None, **_):
+    """A sampling function's result: one index per row (or per ``indices`` entry), in ``indices``' dtype."""
+    batch = indices.size(0) if indices is not None else probs.size(0)
+    return torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32, device=probs.device)
+
+
+#: Fakes the shim writes where FlashInfer declared a function that returns a value but wrote no fake:
+#: (module, declared name) -> a function taking the declared function's arguments by keyword. Each is
+#: checked by the GPU tests' opcheck (tests/gpu/test_gpu_declared.py).
+DERIVED_FAKES = {
+    ("flashinfer.sampling", "min_p_sampling_from_probs"): _samples,  # 0.5.3-0.6.3 (0.6.7 wrote the same)
+}
 
 
 @dataclasses.dataclass(frozen=True)
