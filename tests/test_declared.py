@@ -40,11 +40,16 @@ def _reapply(monkeypatch, gate):
     return fp4_dynamo_shim.status()["flashinfer_ops"]
 
 
-@pytest.fixture
-def every_op(monkeypatch):
-    layer = _reapply(monkeypatch, "all")
-    monkeypatch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
-    return layer
+@pytest.fixture(scope="module")
+def every_op():
+    """Every declared op on for the module (one apply: each costs about a second); a test that sets another
+    gate has it put back by the conftest fixture when its own monkeypatch restores the variable."""
+    with pytest.MonkeyPatch.context() as patch:
+        layer = _reapply(patch, "all")
+        patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
+        yield layer
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()
 
 
 class _TraceOnly:
@@ -123,7 +128,7 @@ def test_the_nsa_indexer_layernorm_call_traces_under_the_default_gate():
     indexer's k_norm = LayerNorm(head_dim, dtype=torch.float32)): module-level `from flashinfer.norm import
     layernorm`, bf16 keys, float32 weight and bias, called positionally. Run in a fresh interpreter so that
     the binding exists before the shim applies, as in SGLang's scheduler with the plugin route."""
-    completed = run_python(NSA_CALL, timeout=600)
+    completed = run_python(NSA_CALL, env={GATE: ""}, timeout=600)  # empty: the default gate
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.strip().splitlines()[-1] == "unpatched: failed; shim: 1 graph, fp4_dynamo_shim_flashinfer.layernorm.default"
 
@@ -276,13 +281,17 @@ def _break_layernorm(monkeypatch):
 
 def test_one_op_failing_to_register_is_listed_and_the_shim_stays_applied(monkeypatch, every_op, caplog):
     _break_layernorm(monkeypatch)
-    with caplog.at_level("WARNING"):
-        layer = _reapply(monkeypatch, "all")
-    assert fp4_dynamo_shim.status()["applied"]
-    assert layer["failed"] == ["flashinfer.norm.layernorm"]
-    assert "injected define failure" in layer["not_registered"]["flashinfer.norm.layernorm"]["reason"]
-    assert layer["counts"]["registered"] == every_op["counts"]["registered"] - 1
-    assert any("failed to register" in record.getMessage() for record in caplog.records)
+    try:
+        with caplog.at_level("WARNING"):
+            layer = _reapply(monkeypatch, "all")
+        assert fp4_dynamo_shim.status()["applied"]
+        assert layer["failed"] == ["flashinfer.norm.layernorm"]
+        assert "injected define failure" in layer["not_registered"]["flashinfer.norm.layernorm"]["reason"]
+        assert layer["counts"]["registered"] == every_op["counts"]["registered"] - 1
+        assert any("failed to register" in record.getMessage() for record in caplog.records)
+    finally:  # the module's other tests expect every op
+        monkeypatch.undo()
+        _reapply(monkeypatch, "all")
 
 
 def test_one_op_failing_to_register_under_strict_refuses_the_whole_shim(monkeypatch):
@@ -305,7 +314,8 @@ def test_a_number_or_a_tensor_parameter_reaches_the_op_either_way(every_op):
     if inspect.signature(function).parameters["scale"].annotation in (float, "float"):
         pytest.skip("this release takes a float scale only")
     for scale in (args[3], 0.5):
-        backend = _trace(function, (*args[:3], scale, *args[4:]), kwargs)
+        with torch._dynamo.config.patch(specialize_float=True):  # 0.5 a constant, not a 0-d graph input
+            backend = _trace(function, (*args[:3], scale, *args[4:]), kwargs)
         node = next(n for n in backend.graphs[0].graph.nodes if "rmsnorm_quant" in str(n.target))
         tensor_part, number_part = node.args[3], node.args[4]
         assert (number_part == 0.5 and tensor_part is None) if isinstance(scale, float) else (number_part is None)

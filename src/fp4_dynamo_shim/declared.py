@@ -245,9 +245,15 @@ def _declares(path: Path, mtime_ns: int, size: int) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=None)
+def _python_files(package_dir: Path, installed_ns: int) -> Tuple[Path, ...]:
+    """The package's .py files, listed once per installation (``installed_ns``: its __init__.py's mtime)."""
+    return tuple(sorted(package_dir.rglob("*.py")))
+
+
 def declaring_files(package_dir: Path) -> Iterator[Path]:
     """The package's files that mention ``register_custom_op`` (a text test first: parsing is the cost)."""
-    for path in sorted(package_dir.rglob("*.py")):
+    for path in _python_files(package_dir, (package_dir / "__init__.py").stat().st_mtime_ns):
         stat = path.stat()
         if _declares(path, stat.st_mtime_ns, stat.st_size):
             yield path
