@@ -44,6 +44,7 @@ CHECKS = {
     "FP4 family": "tests/test_family.py",
     "kernel modes and edges": "tests/test_kernel_modes.py",
     "FlashInfer's own op": "tests/test_flashinfer_op.py",
+    "FlashInfer's declared ops": "tests/test_declared.py",
 }
 
 REFUSAL_PROBE = """
@@ -149,6 +150,32 @@ def cell(counts: dict | None) -> str:
 
 
 FAMILY_TEST = "test_traces_with_no_graph_breaks_runs_and_matches_eager[{}]"
+DECLARED_TABLE = ROOT / "tests" / "declared_releases.json"
+DECLARED_TEST = "test_the_release_table_row_matches_what_the_shim_does_with_this_release"
+DECLARED_KINDS = ("registered", "covered by the FP4 layer", "out of scope", "not expressible", "FlashInfer's own op",
+                  "failed")
+
+
+def render_declared(legs: dict) -> list:
+    """FlashInfer's declared ops per release: counts from tests/declared_releases.json, shown for a release
+    whose leg confirmed that its row is what the shim does (tests/test_declared.py)."""
+    table = json.loads(DECLARED_TABLE.read_text())["releases"] if DECLARED_TABLE.exists() else {}
+    lines = ["## FlashInfer's declared ops: release x kind (`FP4_DYNAMO_SHIM_FLASHINFER_OPS=all`)", "",
+             "Every `@register_custom_op` FlashInfer wrote, by what the shim does with it (the reasons, op by op, are in",
+             "`tests/declared_releases.json`); a row shows once the release's leg confirmed the table against the live",
+             "shim. The default gate registers only what SGLang's traced paths call raw (see how-it-works.md).", "",
+             "| FlashInfer | declared | " + " | ".join(DECLARED_KINDS) + " |",
+             "|---|---|" + "---|" * len(DECLARED_KINDS)]
+    for version, leg in legs.items():
+        outcome = leg.get("outcomes", {}).get(DECLARED_TEST)
+        if outcome is None:
+            continue
+        counts = table.get(version, {}).get("counts")
+        if outcome != "passed" or counts is None:
+            lines.append(f"| {version} | {'FAIL' if outcome == 'failed' else outcome} |" + " |" * len(DECLARED_KINDS))
+            continue
+        lines.append(f"| {version} | {counts['declared']} | " + " | ".join(str(counts[k]) for k in DECLARED_KINDS) + " |")
+    return lines + [""]
 
 
 def render_family(legs: dict) -> list:
@@ -239,6 +266,7 @@ def render(legs: dict, refusals: dict) -> str:
         lines.append(f"| {version} | " + " | ".join(row) + " |")
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
     lines += render_family(legs)
+    lines += render_declared(legs)
     lines += render_model_families()
     if not_importable:
         lines += ["## \\* Releases that need a GPU to import", "",

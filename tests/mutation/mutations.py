@@ -28,6 +28,7 @@ PKG = "src/fp4_dynamo_shim"
 FAMILY = "tests/test_family.py"
 ACTIVATION = "tests/test_activation.py"
 ROUTES = "tests/test_routes.py"
+DECLARED = "tests/test_declared.py"
 
 MUTATIONS = [
     # --- issue 9, item 1-9: breakages the suite once let through -------------------------------------------
@@ -283,4 +284,44 @@ MUTATIONS = [
              f"{PKG}/ops.py", "        raise InvalidArgumentError(\n            f\"fp4_quantize only supports input tensor",
              "        raise TypeError(\n            f\"fp4_quantize only supports input tensor",
              "tests/gpu/test_gpu_battery.py::test_never_less_strict_than_flashinfer", gpu=True),
+    # --- issue 20: FlashInfer's declared ops ----------------------------------------------------------------
+    mutation("declared-eager-through-dispatcher", "eager calls of a declared function go through the shim's op",
+             f"{PKG}/declared_build.py",
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n',
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n'
+             '    module.__dict__[declaration.function] = namespace[f"_caller_{index}"]\n',
+             f"{DECLARED}::test_eager_calls_keep_flashinfers_own_function_objects"),
+    mutation("declared-revert-keeps-ops", "revert() leaves the shim's declared ops registered",
+             f"{PKG}/declared_build.py", "        layer.undo.append(self.library._destroy)\n", "",
+             f"{DECLARED}::test_revert_destroys_every_op_and_takes_every_polyfill_back"),
+    mutation("declared-revert-keeps-polyfills", "revert() leaves Dynamo tracing the shim's callers",
+             f"{PKG}/declared_ops.py", "            layer.undo.append(polyfill.install(original, traceable))",
+             "            polyfill.install(original, traceable)",
+             f"{DECLARED}::test_revert_destroys_every_op_and_takes_every_polyfill_back"),
+    mutation("declared-one-silently-skipped", "a declaration is neither registered nor listed",
+             f"{PKG}/declared_ops.py", "        for declaration in scan.declarations:",
+             "        for declaration in scan.declarations[1:]:",
+             f"{DECLARED}::test_every_declaration_in_the_installed_flashinfer_is_registered_or_listed_with_a_reason"),
+    mutation("declared-scan-skips-getters", "declarations nested in module getters are not found",
+             f"{PKG}/declared.py", "                    pending.append((scope + (child.name,), child.body, child))",
+             "                    pass",
+             f"{DECLARED}::test_every_declaration_in_the_installed_flashinfer_is_registered_or_listed_with_a_reason"),
+    mutation("declared-no-device-helpers", "FlashInfer's device query stays untraceable on the way to a declared op",
+             f"{PKG}/declared_ops.py", "            _queue_helpers(layer)\n", "",
+             f"{DECLARED}::test_public_function_traces_to_the_declared_op_with_no_graph_break[activation.silu_and_mul]"),
+    mutation("declared-generator-dropped", "a torch.Generator under compile is silently ignored",
+             f"{PKG}/declared_rules.py", '    "if {n} is not None: raise _NotExpressible(', '    "if False: raise _NotExpressible(',
+             f"{DECLARED}::test_a_generator_under_compile_is_refused_with_a_clear_error"),
+    mutation("declared-strict-lets-failures-pass", "FP4_DYNAMO_SHIM_STRICT=1 applies with an op that failed",
+             f"{PKG}/patching.py", "        if failed and settings.strict:", "        if False:",
+             f"{DECLARED}::test_one_op_failing_to_register_under_strict_refuses_the_whole_shim"),
+    mutation("declared-default-gate-all", "every declared op on by default",
+             f"{PKG}/config.py", 'FLASHINFER_OPS_CHOICES = ("sglang", "all", "off")',
+             'FLASHINFER_OPS_CHOICES = ("all", "sglang", "off")',
+             f"{DECLARED}::test_the_nsa_indexer_layernorm_call_traces_under_the_default_gate"),
+    mutation("declared-compiled-graphs-kept", "after revert() a compiled function keeps its graph with a destroyed op",
+             f"{PKG}/declared_build.py",
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n',
+             "",
+             f"{DECLARED}::test_a_compiled_function_recompiles_after_revert_and_traces_flashinfer_again"),
 ]
