@@ -192,9 +192,13 @@ def _flashinfer_globals():
 
 
 def test_eager_calls_keep_flashinfers_own_function_objects(every_op):
-    """With every declared op on, no FlashInfer global differs from the reverted state: eager calls run
-    FlashInfer's own functions (no wrapper frame, no dispatcher), whatever module bound them."""
+    """With every declared op on, no FlashInfer global is one of the shim's generated callers and none differs
+    from the reverted state: eager calls run FlashInfer's own functions (no wrapper frame, no dispatcher),
+    whatever module bound them."""
     applied = _flashinfer_globals()
+    generated = sorted(f"{n}.{k}" for (n, k), v in applied.items()
+                       if getattr(getattr(v, "__code__", None), "co_filename", "").startswith(f"<{declared_ops.NAMESPACE}"))
+    assert generated == []
     fp4_dynamo_shim.revert()
     reverted = _flashinfer_globals()
     assert fp4_dynamo_shim.apply()
