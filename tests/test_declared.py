@@ -191,6 +191,23 @@ def _flashinfer_globals():
             and not getattr(value, "__fp4_dynamo_shim__", False)}
 
 
+def test_nothing_is_registered_before_torch_dynamo_is_imported():
+    """Start-up pays nothing for the layer: it reads and registers once torch._dynamo is imported."""
+    completed = run_python(
+        "import json, sys, fp4_dynamo_shim\n"
+        "before = fp4_dynamo_shim.status()['flashinfer_ops']\n"
+        "dynamo_before = 'torch._dynamo' in sys.modules\n"
+        "import torch._dynamo\n"
+        "after = fp4_dynamo_shim.status()['flashinfer_ops']\n"
+        "print(json.dumps([dynamo_before, before['state'], before['counts']['declared'], after['state'],"
+        " sorted(after['registered'])]))", env={GATE: "all"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    dynamo_before, state_before, declared_before, state_after, registered = json.loads(
+        completed.stdout.strip().splitlines()[-1])
+    assert (dynamo_before, state_before, declared_before) == (False, "waiting for torch._dynamo to be imported", 0)
+    assert state_after == "registered" and "flashinfer.norm.layernorm" in registered
+
+
 def test_eager_calls_keep_flashinfers_own_function_objects(every_op):
     """With every declared op on, no FlashInfer global is one of the shim's generated callers and none differs
     from the reverted state: eager calls run FlashInfer's own functions (no wrapper frame, no dispatcher),
@@ -307,8 +324,10 @@ def test_one_op_failing_to_register_under_strict_refuses_the_whole_shim(monkeypa
     fp4_dynamo_shim.revert()
     with pytest.raises(ApplyError, match="flashinfer.norm.layernorm"):
         fp4_dynamo_shim.apply()
-    assert not polyfill.is_polyfilled(flashinfer.norm.layernorm)
-    assert not hasattr(getattr(torch.ops, declared_ops.NAMESPACE), "rmsnorm")
+    import flashinfer.norm
+
+    assert not polyfill.is_polyfilled(flashinfer.norm.fused_add_rmsnorm)  # registered before the refusal, undone
+    assert not hasattr(getattr(torch.ops, declared_ops.NAMESPACE), "fused_add_rmsnorm")
 
 
 def test_a_number_or_a_tensor_parameter_reaches_the_op_either_way(every_op):

@@ -60,10 +60,10 @@ class Layer:
     undo: List[Callable] = dataclasses.field(default_factory=list)
     helpers: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
-    #: (FlashInfer's function, the traceable, the outcomes it serves, what it is), waiting for torch._dynamo.
+    #: (FlashInfer's function, the traceable, the outcomes it serves, what it is), before they go to Dynamo.
     pending: List[tuple] = dataclasses.field(default_factory=list)
-    #: "pending" until torch._dynamo is imported, then "installed"; "reverted" after revert().
-    polyfills: str = "none"
+    #: "waiting for torch._dynamo to be imported", "registered", "off", "reverted" or "failed: ...".
+    state: str = "off"
 
 
 def module_named(name: str):

@@ -9,9 +9,9 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
   did register is left alone.
 * Eager calls are FlashInfer's own: nothing is rebound. Dynamo is told, through ``polyfill``, to trace the
   generated caller instead of FlashInfer's function (or instead of the getter whose namespace holds it), so
-  FlashInfer's eager cost is unchanged and no dispatcher is on the eager path. The polyfills go in when
-  ``torch._dynamo`` is imported (at once if it is): importing it costs about a second, which start-up does
-  not pay for a program that never compiles.
+  FlashInfer's eager cost is unchanged and no dispatcher is on the eager path.
+* All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
+  program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
 * The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` (``declared_rules``) picks which declarations; everything not
   registered is listed with the reason. :func:`revert` removes the polyfills and destroys the fragment.
 """
@@ -22,7 +22,7 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -83,11 +83,9 @@ def _queue_helpers(layer: Layer) -> None:
             layer.helpers.append(f"{module_name}.{name}")
 
 
-def _install_polyfills(layer: Layer) -> None:
-    """Hand the traceables to Dynamo (run once torch._dynamo is imported). A polyfill that cannot be
-    installed leaves the ops it serves unreachable: they are listed as failed, and STRICT raises."""
-    if layer.polyfills != "pending":
-        return
+def _install_polyfills(layer: Layer) -> List[str]:
+    """Hand the traceables to Dynamo. A polyfill that cannot be installed leaves the ops it serves
+    unreachable: they are listed as failed."""
     if torch.cuda.is_available():
         CAPABILITIES.update({i: torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
     failures = []
@@ -95,45 +93,30 @@ def _install_polyfills(layer: Layer) -> None:
         try:
             layer.undo.append(polyfill.install(original, traceable))
         except Exception as error:  # e.g. another library already substitutes this function
-            failures.append(f"{what}: {type(error).__name__}: {error}")
+            failures.append(what)
             for outcome in outcomes:
                 outcome.fail(error, f"polyfill for {what}: ")
     layer.pending.clear()
-    layer.polyfills = "installed"
-    if failures:
-        message = "fp4_dynamo_shim: Dynamo polyfills failed, those ops stay untraceable: " + "; ".join(failures)
-        logger.warning(message)
-        if layer.strict:
-            raise ApplyError(message)
+    return failures
 
 
-def _when_dynamo_is_imported(layer: Layer) -> None:
-    layer.polyfills = "pending"
-    if "torch._dynamo" in sys.modules:
-        _install_polyfills(layer)
-        return
-    import wrapt
-
-    wrapt.register_post_import_hook(lambda module: _install_polyfills(layer), "torch._dynamo")
-
-
-def apply(gate: str, strict: bool = False) -> Layer:
-    """Register what ``gate`` selects; returns the layer (``revert`` takes it back). Raises only for a failure
-    of the layer as a whole (the caller undoes it); one op's failure is recorded in its outcome."""
+def _register(layer: Layer) -> None:
+    """Read the declarations, register what the gate selects and install the polyfills; the work of
+    :func:`apply`, done once torch._dynamo is imported. One op's failure is recorded in its outcome (one
+    warning; STRICT raises :class:`ApplyError`); anything else raises after undoing the layer."""
+    if layer.state != "waiting for torch._dynamo to be imported":
+        return  # reverted before Dynamo came
     started = time.perf_counter()
-    if gate == "off":
-        return Layer(gate, "nothing (the gate is off)", strict=strict)
     import flashinfer
 
-    scan, scanned = _scan(Path(flashinfer.__file__).parent, gate)
-    layer = Layer(gate, scanned, strict=strict)
     try:
+        scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate)
         registrar = declared_build.Registrar(layer)
         by_getter: Dict[tuple, list] = {}
         for declaration in scan.declarations:
             outcome = Outcome(declaration.key, declaration.module, declaration.name_source, _group(declaration))
             layer.outcomes.append(outcome)
-            refused = _reason_before_building(declaration, gate, outcome.group)
+            refused = _reason_before_building(declaration, layer.gate, outcome.group)
             if refused is not None:
                 outcome.refuse(*refused)
                 continue
@@ -150,18 +133,56 @@ def apply(gate: str, strict: bool = False) -> Layer:
         for (module_name, getter), members in by_getter.items():
             try:
                 declared_build.getter(layer, registrar, members, sys.modules[module_name],
-                                scan.namespaces[(module_name, getter)])
+                                      scan.namespaces[(module_name, getter)])
             except Exception as error:  # the getter's polyfill went wrong: its ops are not reachable
                 for _, outcome in members:
                     if outcome.kind in (None, declared_rules.REGISTERED):
                         outcome.fail(error, f"{getter}'s polyfill: ")
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
-            _when_dynamo_is_imported(layer)
+            _install_polyfills(layer)
     except BaseException:
         revert(layer)
         raise
-    layer.seconds = time.perf_counter() - started
+    layer.state, layer.seconds = "registered", time.perf_counter() - started
+    failed = [outcome for outcome in layer.outcomes if outcome.failed]
+    if failed:
+        message = (f"fp4_dynamo_shim: {len(failed)} of FlashInfer's declared ops failed to register and stay "
+                   "untraceable (status()['flashinfer_ops']['failed']): "
+                   + "; ".join(f"{o.key}: {o.reason}" for o in failed))
+        logger.warning(message)
+        if layer.strict:
+            revert(layer)  # nothing of a refused layer stays: no op, no polyfill
+            raise ApplyError(message)
+
+
+def _on_dynamo_imported(layer: Layer) -> None:
+    """Run from the import of torch._dynamo: a failure there is reported, not raised, unless STRICT (the
+    user's program is importing torch._dynamo, typically in torch.compile)."""
+    try:
+        _register(layer)
+    except Exception as error:
+        layer.state = f"failed: {type(error).__name__}: {error}"
+        logger.warning("fp4_dynamo_shim: FlashInfer's declared ops were not registered: %s", layer.state)
+        if layer.strict:
+            raise
+
+
+def apply(gate: str, strict: bool = False) -> Layer:
+    """The layer ``gate`` selects (``revert`` takes it back). Its work waits for torch._dynamo to be imported,
+    at once when it is: a program that never compiles pays nothing at start-up (reading the declarations
+    costs 20-50 ms for the default gate; ``all`` imports every declaring module, seconds on 0.7.4)."""
+    layer = Layer(gate, "nothing (the gate is off)" if gate == "off" else "not yet", strict=strict)
+    if gate == "off":
+        layer.state = "off"
+        return layer
+    layer.state = "waiting for torch._dynamo to be imported"
+    if "torch._dynamo" in sys.modules:
+        _register(layer)
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(lambda module: _on_dynamo_imported(layer), "torch._dynamo")
     return layer
 
 
@@ -186,13 +207,12 @@ def _reason_before_building(declaration: declared.Declaration, gate: str, group:
 
 
 def revert(layer: Optional[Layer]) -> None:
-    """Take the polyfills back and destroy the fragment, newest first (a polyfill still waiting for
-    torch._dynamo is dropped: its import hook finds the layer reverted)."""
+    """Take the polyfills back and destroy the fragment, newest first (a layer still waiting for
+    torch._dynamo stays unregistered: its import hook finds it reverted)."""
     if layer is None:
         return
     layer.pending.clear()
-    if layer.polyfills != "none":
-        layer.polyfills = "reverted"
+    layer.state = "reverted"
     while layer.undo:
         layer.undo.pop()()
 
@@ -212,7 +232,7 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
         "gate": layer.gate, "scanned": layer.scanned, "registered": registered, "not_registered": not_registered,
         "fakes_not_flashinfers_own": fakes,
         "failed": sorted(o.key for o in layer.outcomes if o.failed), "helpers": list(layer.helpers),
-        "polyfills": {"pending": "waiting for torch._dynamo to be imported"}.get(layer.polyfills, layer.polyfills),
+        "state": layer.state,
         "counts": _counts(layer.outcomes),
         "by_module": {module: _counts([o for o in layer.outcomes if o.module == module])
                       for module in sorted({o.module for o in layer.outcomes})},

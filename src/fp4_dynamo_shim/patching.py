@@ -160,19 +160,12 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
             family_report["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
         layer = declared_ops.apply(settings.flashinfer_ops, settings.strict)
         restorers.append(lambda: declared_ops.revert(layer))
-        failed = [o for o in layer.outcomes if o.failed]
-        if failed and settings.strict:
-            raise ApplyError(f"{len(failed)} of FlashInfer's declared ops failed to register: "
-                             + "; ".join(f"{o.key}: {o.reason}" for o in failed))
     except BaseException:
         _undo(swaps, restorers)
         raise
     _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report, route,
                         restorers, layer)
     _last_problem = None
-    if failed:
-        _warn_once(f"fp4_dynamo_shim: {len(failed)} of FlashInfer's declared ops failed to register and stay "
-                   "untraceable (status()['flashinfer_ops']['failed']): " + ", ".join(o.key for o in failed))
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
         version, route, len(bindings), resolved.version, resolved.source, len(devices),
