@@ -17,7 +17,6 @@ import contextlib
 import traceback
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from fp4_dynamo_shim import declared_ops
 
@@ -54,18 +53,17 @@ def _same(left, right) -> bool:
         a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b)) for a, b in zip(left, right))
 
 
-class _OpCalls(TorchDispatchMode):
-    """Records each call of a shim op (with cloned arguments) while a compiled function runs."""
+class _OpCalls(torch.fx.Interpreter):
+    """Runs a Dynamo graph node by node, keeping the arguments of the first call of each shim op."""
 
-    def __init__(self):
-        super().__init__()
-        self.calls = {}
+    def __init__(self, graph_module, calls):
+        super().__init__(graph_module)
+        self.calls = calls
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if declared_ops.NAMESPACE in str(func) and str(func) not in self.calls:
-            self.calls[str(func)] = (func, _clone(args), dict(kwargs))
-        return func(*args, **kwargs)
+    def call_function(self, target, args, kwargs):
+        if declared_ops.NAMESPACE in str(target) and str(target) not in self.calls:
+            self.calls[str(target)] = (target, _clone(args), dict(kwargs))
+        return super().call_function(target, args, kwargs)
 
 
 def _error(error: BaseException) -> str:
@@ -126,8 +124,9 @@ def _graph(compiled, function, example, args, kwargs):
         except Exception:
             return f"not capturable, FlashInfer's own function neither: {_error(error)}"
         return f"capture failed: {_error(error)}"
-    fresh = tuple(a.clone().normal_() if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype.itemsize > 1
-                  else a for a in args)
+    # New values of the same kind: each floating input's rows rolled by one (probabilities stay valid rows).
+    fresh = tuple(a.roll(1, 0) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype.itemsize > 1
+                  and a.dim() and a.shape[0] > 1 else a for a in args)
     for target, value in zip(static, fresh):
         if isinstance(target, torch.Tensor):
             target.copy_(value)
@@ -140,12 +139,19 @@ def _graph(compiled, function, example, args, kwargs):
 
 
 def _opcheck(call, args):
-    recorder = _OpCalls()
+    graphs = []
+
+    def keep(graph_module, example_inputs):
+        graphs.append((graph_module, [t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs]))
+        return graph_module.forward
+
     torch._dynamo.reset()
-    with recorder:
-        torch.compile(call, fullgraph=True, backend="eager")(*_clone(args))
+    torch.compile(call, fullgraph=True, backend=keep)(*_clone(args))
+    calls = {}
+    for graph_module, inputs in graphs:
+        _OpCalls(graph_module, calls).run(*inputs)
     results = {}
-    for name, (op, op_args, op_kwargs) in recorder.calls.items():
+    for name, (op, op_args, op_kwargs) in calls.items():
         try:
             torch.library.opcheck(op, op_args, op_kwargs)
             results[name] = True

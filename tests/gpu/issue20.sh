@@ -39,6 +39,5 @@ step "gpu-declared-$version" 240 python3 -m pytest -q -rs -p no:cacheprovider te
   --junitxml="$out/gpu_declared_$version.xml"
 step "gpu-declared-sglang-$version" 120 python3 -m pytest -q -rs -p no:cacheprovider \
   tests/gpu/test_gpu_declared_sglang.py --junitxml="$out/gpu_declared_sglang_$version.xml"
-export FI_SUITE_CASES=${FI_SUITE_CASES:-2}
 step "flashinfer-suite-$version" 400 bash tests/gpu/flashinfer_suite/run.sh "$version"
 ls -la "$out"
