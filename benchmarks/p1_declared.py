@@ -13,7 +13,8 @@ Columns (microseconds per call, same inputs, same kernel):
 * ``floor``: the output allocation plus the JIT module's entry (for the sampling function: its declared nested
   function, i.e. the JIT call with FlashInfer's argument conversions).
 
-Rounds alternate between candidates; ratios are medians of per-round ratios.
+Rounds alternate between candidates (each round also reverts the shim once, for the ``flashinfer`` column);
+ratios are medians of per-round ratios.
 
     python benchmarks/p1_declared.py [--save]
 """
@@ -123,29 +124,37 @@ def timed(function, calls):
     return (time.perf_counter() - started) / calls * 1e6
 
 
-def measure(build, tokens, hidden, calls, rounds) -> dict:
-    per_round = {}
+def measure(configs, hidden, calls, rounds) -> dict:
+    """Per (function, M): the median microseconds of each candidate over ``rounds``. Each round times every
+    configuration with the shim applied, then reverts once and times FlashInfer's function alone."""
+    per_round = {config: {} for config in configs}
     for _ in range(rounds):
+        publics = {}
         # Built again after each apply(): revert() destroyed the ops the previous round's closures held.
-        candidates = build(tokens, hidden)
-        public = candidates.pop("public")
-        for function in (public, *candidates.values()):
-            for _ in range(5):
-                function()
-        per_round.setdefault("shim", []).append(timed(public, calls))
-        for name, function in candidates.items():
-            per_round.setdefault(name, []).append(timed(function, calls))
+        for (name, tokens) in configs:
+            candidates = FUNCTIONS[name](tokens, hidden)
+            publics[(name, tokens)] = public = candidates.pop("public")
+            for function in (public, *candidates.values()):
+                for _ in range(5):
+                    function()
+            per_round[(name, tokens)].setdefault("shim", []).append(timed(public, calls))
+            for candidate, function in candidates.items():
+                per_round[(name, tokens)].setdefault(candidate, []).append(timed(function, calls))
         fp4_dynamo_shim.revert()
-        for _ in range(5):
-            public()
-        per_round.setdefault("flashinfer", []).append(timed(public, calls))
+        for config, public in publics.items():
+            for _ in range(5):
+                public()
+            per_round[config].setdefault("flashinfer", []).append(timed(public, calls))
         assert fp4_dynamo_shim.apply()
-    result = {name: statistics.median(values) for name, values in per_round.items()}
-    result["shim_over_flashinfer"] = median_ratio(per_round["shim"], per_round["flashinfer"])
-    if "custom_op" in per_round:
-        result["shim_over_custom_op"] = median_ratio(per_round["shim"], per_round["custom_op"])
-    result["shim_minus_floor_us"] = statistics.median(s - f for s, f in zip(per_round["shim"], per_round["floor"]))
-    return result
+    results = {}
+    for config, values in per_round.items():
+        result = {name: statistics.median(v) for name, v in values.items()}
+        result["shim_over_flashinfer"] = median_ratio(values["shim"], values["flashinfer"])
+        if "custom_op" in values:
+            result["shim_over_custom_op"] = median_ratio(values["shim"], values["custom_op"])
+        result["shim_minus_floor_us"] = statistics.median(s - f for s, f in zip(values["shim"], values["floor"]))
+        results[config] = result
+    return results
 
 
 def main() -> int:
@@ -153,7 +162,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--calls", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--rounds", type=int, default=9)
     add_save_option(parser)
     options = parser.parse_args()
     if not torch.cuda.is_available():
@@ -164,17 +173,16 @@ def main() -> int:
         print(f"shim not applied with every declared op: {fp4_dynamo_shim.status()['problem']}", file=sys.stderr)
         return 2
     rows, results = [], []
-    for name, build in FUNCTIONS.items():
-        for tokens in options.tokens:
-            result = {"function": name, "tokens": tokens, **measure(build, tokens, options.hidden, options.calls,
-                                                                     options.rounds)}
-            results.append(result)
-            rows.append([name, tokens] + [f"{result[c]:.2f}" if c in result else "-" for c in
-                                          ("flashinfer", "shim", "custom_op", "shim_op", "floor")]
-                        + [f"{result['shim_over_flashinfer']:.3f}",
-                           f"{result['shim_over_custom_op']:.3f}" if "shim_over_custom_op" in result else "-",
-                           f"{result['shim_minus_floor_us']:.2f}"])
-            print(rows[-1], flush=True)
+    measured = measure([(name, tokens) for name in FUNCTIONS for tokens in options.tokens], options.hidden,
+                       options.calls, options.rounds)
+    for (name, tokens), values in measured.items():
+        result = {"function": name, "tokens": tokens, **values}
+        results.append(result)
+        rows.append([name, tokens] + [f"{result[c]:.2f}" if c in result else "-" for c in
+                                      ("flashinfer", "shim", "custom_op", "shim_op", "floor")]
+                    + [f"{result['shim_over_flashinfer']:.3f}",
+                       f"{result['shim_over_custom_op']:.3f}" if "shim_over_custom_op" in result else "-",
+                       f"{result['shim_minus_floor_us']:.2f}"])
     print(table(["function", "M", "flashinfer", "shim", "custom_op", "shim_op", "floor", "shim/flashinfer",
                  "shim/custom_op", "shim-floor us"], rows))
     print(write("p1_declared", {

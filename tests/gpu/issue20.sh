@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Issue 20 (FlashInfer's declared ops) on the GPU machine, one command per FlashInfer release, each < 10 min:
-#   bash tests/gpu/issue20.sh 0.6.3    carry .whl .fitests     (FlashInfer 0.6.3 + SGLang 0.5.9's compile path)
-#   bash tests/gpu/issue20.sh 0.6.12   carry .fi0.6.12 .fitests
-#   bash tests/gpu/issue20.sh bench    carry .fi0.6.12         (P1 for four functions; right after 0.6.12)
+#   bash tests/gpu/issue20.sh 0.6.12   carry .fi0.6.12 .fitests   (+ P1 for four functions)
+#   bash tests/gpu/issue20.sh 0.6.3    carry .whl .fitests        (FlashInfer 0.6.3 + SGLang 0.5.9's compile path)
+#   bash tests/gpu/issue20.sh bench    carry .fi0.6.12            (P1 alone, if the 0.6.12 command ran out of time)
 # Here first: bash tests/gpu/fetch.sh suite; bash tests/gpu/fetch.sh flashinfer 0.6.12;
 #             bash tests/gpu/flashinfer_suite/fetch.sh
 # Steps share one deadline (DEADLINE seconds, default 570): the JIT modules are built in parallel first, then
-# tests/gpu/test_gpu_declared.py (writes $OUT/declared_report_<version>.json), then FlashInfer's own tests
-# (tests/gpu/flashinfer_suite/run.sh). Logs and JSON land in $OUT.
+# tests/gpu/test_gpu_declared.py (writes $OUT/declared_report_<version>.json), P1 (0.6.12) or SGLang's NSA
+# LayerNorm (0.6.3), then FlashInfer's own tests (tests/gpu/flashinfer_suite/run.sh). Logs and JSON in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:?0.6.3, 0.6.12 or bench}
@@ -37,7 +37,11 @@ if [ "$what" = bench ]; then
 fi
 step "gpu-declared-$version" 240 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_declared.py \
   --junitxml="$out/gpu_declared_$version.xml"
-step "gpu-declared-sglang-$version" 120 python3 -m pytest -q -rs -p no:cacheprovider \
-  tests/gpu/test_gpu_declared_sglang.py --junitxml="$out/gpu_declared_sglang_$version.xml"
+if [ "$version" = 0.6.12 ]; then
+  step "p1-declared" 150 python3 benchmarks/p1_declared.py --save "$out"
+else
+  step "gpu-declared-sglang-$version" 120 python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/gpu/test_gpu_declared_sglang.py --junitxml="$out/gpu_declared_sglang_$version.xml"
+fi
 step "flashinfer-suite-$version" 400 bash tests/gpu/flashinfer_suite/run.sh "$version"
 ls -la "$out"
