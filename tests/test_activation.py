@@ -195,7 +195,8 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert document["exit_code"] == 0 and document["device"] == "cpu"
     assert {c["name"]: c["result"] for c in document["checks"]} == {
         "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
-        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass", "worker-activation": "pass",
+        "cuda-graph": "skip", "sglang-compile": "skip", "family": "pass", "flashinfer-ops": "pass",
+        "worker-activation": "pass",
     }
     assert document["status"]["applied"] and document["environment"]["flashinfer"]
     assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])

@@ -226,7 +226,12 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         return
     getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
     namespace, entries, built = _caller_namespace(), {}, 0
-    source = [f"def _getter({declared_codegen._declare(signature(getter), namespace, 'g')}):\n"]
+    try:
+        source = [f"def _getter({declared_codegen.declare(signature(getter), namespace, 'g')}):\n"]
+    except NotExpressible as fact:
+        for _, outcome in members:
+            outcome.refuse(f"{namespace_facts.getter}: {fact}")
+        return
     for declaration, outcome in members:
         keys = namespace_facts.keys_of(declaration.function)
         if outcome.kind is not None:

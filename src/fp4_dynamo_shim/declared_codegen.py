@@ -122,7 +122,7 @@ def _infer(pieces: List[Piece], return_annotation, mutates) -> str:
         quiet.setLevel(level)
 
 
-def _declare(signature: inspect.Signature, namespace: dict, prefix: str) -> str:
+def declare(signature: inspect.Signature, namespace: dict, prefix: str) -> str:
     """Parameter declarations reproducing ``signature``, defaults bound by name in ``namespace``."""
     declared, keyword_only = [], False
     for parameter in signature.parameters.values():
@@ -149,7 +149,7 @@ def caller_source(op: Op, index: int, namespace: dict, indent: str = "") -> str:
     if op.return_adapter is not None:
         body.append(f"r = {op.return_adapter.from_op}")
     body.append("return r")
-    lines = [f"def _caller_{index}({_declare(op.signature, namespace, f'c{index}')}):"]
+    lines = [f"def _caller_{index}({declare(op.signature, namespace, f'c{index}')}):"]
     lines += [f"    {line}" for line in body]
     return "".join(f"{indent}{line}\n" for line in lines)
 
