@@ -6,7 +6,7 @@ with ``FLASHINFER_TEST_TORCH_COMPILE=1`` FlashInfer's conftest replaces its publ
 ``torch.compile(fn, fullgraph=True, backend="inductor")``, which is what the layer makes work.
 
 ``FI_SUITE_CASES=N`` keeps N evenly spaced parametrizations of each test function (the full files take hours;
-0 keeps all). At the end it writes ``$OUT/flashinfer_suite_<label>.json`` (``FI_SUITE_LABEL``): the shim's
+0 keeps all). After every test and at the end it writes ``$OUT/flashinfer_suite_<label>.json`` (``FI_SUITE_LABEL``): the shim's
 counts and passed/failed/skipped per test file, with the first line of each failure.
 """
 
@@ -49,9 +49,14 @@ def pytest_runtest_logreport(report):
         if report.failed:
             text = str(report.longrepr).strip().splitlines()
             _failures.append({"test": report.nodeid, "error": (text[-1] if text else "")[:300]})
+        _write(None)  # after every test: a run the step's timeout kills still leaves its counts
 
 
 def pytest_sessionfinish(session, exitstatus):
+    _write(int(exitstatus))
+
+
+def _write(exit_status):
     out = os.environ.get("OUT")
     if not out:
         return
@@ -60,6 +65,6 @@ def pytest_sessionfinish(session, exitstatus):
     document = {"flashinfer": status["flashinfer"], "applied": status["applied"], "gate": layer.get("gate"),
                 "counts": layer.get("counts"), "compile_mode": os.environ.get("FLASHINFER_TEST_TORCH_COMPILE") == "1",
                 "cases_per_test": os.environ.get("FI_SUITE_CASES", "3"), "files": dict(_results),
-                "failures": _failures[:100], "exit_status": int(exitstatus)}
+                "failures": _failures[:100], "exit_status": exit_status, "finished": exit_status is not None}
     label = os.environ.get("FI_SUITE_LABEL", "run")
     Path(out, f"flashinfer_suite_{label}.json").write_text(json.dumps(document, indent=1) + "\n")
