@@ -196,7 +196,7 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert {c["name"]: c["result"] for c in document["checks"]} == {
         "trace-static": "pass", "trace-dynamic": "pass", "opcheck": "pass", "compiled-vs-eager": "pass",
         "cuda-graph": "skip", "flashinfer-op": "pass", "sglang-release": "skip", "sglang-compile": "skip",
-        "family": "pass",
+        "family": "pass", "flashinfer-ops": "pass",
         "worker-activation": "pass",
     }
     assert document["status"]["applied"] and document["environment"]["flashinfer"]

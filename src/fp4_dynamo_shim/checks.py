@@ -304,6 +304,48 @@ def check_family(device: str) -> str:
     return f"{len(replaced)} functions called once on {device}: {summary}"
 
 
+def check_flashinfer_ops(device: str) -> str:
+    """FlashInfer's declared ops (issue 20): the gate's counts, and ``flashinfer.norm.layernorm`` (on under every
+    gate but off) traced under fullgraph to the shim's op: on fake CUDA tensors without a GPU, run and compared
+    with eager bitwise on one."""
+    import flashinfer.norm
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    if layer is None or layer["gate"] == "off":
+        raise Skip("FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered")
+    counts = layer["counts"]
+    summary = f"{counts['registered']} of {counts['declared']} declared ops registered (gate {layer['gate']})"
+    if counts["failed"]:
+        raise AssertionError(f"{summary}; failed: {', '.join(layer['failed'])}")
+    if "flashinfer.norm.layernorm" not in layer["registered"]:
+        raise Skip(f"{summary}; flashinfer.norm.layernorm is not among them here")
+
+    def call(x, weight, bias):
+        return flashinfer.norm.layernorm(x, weight, bias, 1e-6)
+
+    if device == "cuda":
+        x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+        weight, bias = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+        explanation = torch._dynamo.explain(call)(x, weight, bias)
+        torch._dynamo.reset()
+        same = torch.equal(torch.compile(call, fullgraph=True, backend="inductor")(x, weight, bias),
+                           call(x, weight, bias))
+        if (explanation.graph_count, explanation.graph_break_count) != (1, 0) or not same:
+            raise AssertionError(f"layernorm: {explanation.graph_count} graphs, {explanation.graph_break_count} "
+                                 f"breaks, compiled {'equals' if same else 'differs from'} eager")
+        return f"{summary}; layernorm: 1 graph, 0 breaks, inductor equals eager bitwise"
+    with FakeTensorMode():
+        x = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
+        weight, bias = torch.empty(128, device="cuda"), torch.empty(128, device="cuda")
+    backend = _TraceOnly()
+    torch.compile(call, fullgraph=True, backend=backend)(x, weight, bias)
+    ops = {str(n.target) for g in backend.graphs for n in g.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)}
+    if len(backend.graphs) != 1 or not ops:
+        raise AssertionError(f"layernorm: {len(backend.graphs)} graphs, shim ops {sorted(ops)}")
+    return f"{summary}; layernorm traced to {', '.join(sorted(ops))} on fake CUDA tensors (no GPU here)"
+
+
 @contextlib.contextmanager
 def _main_module_hidden():
     """multiprocessing's spawn re-imports the parent's main module in the child (here verify itself, which
@@ -460,5 +502,6 @@ CHECKS: List[tuple] = [
     ("sglang-release", check_sglang_release),
     ("sglang-compile", check_sglang_compile_path),
     ("family", check_family),
+    ("flashinfer-ops", check_flashinfer_ops),
     ("worker-activation", check_worker_activation),
 ]

@@ -24,6 +24,10 @@ CUDA_VERSION = "FP4_DYNAMO_SHIM_CUDA_VERSION"
 FALLBACK = "FP4_DYNAMO_SHIM_FALLBACK"
 
 FALLBACK_CHOICES = ("error", "reference", "launch")
+#: Which of FlashInfer's own declared ops become real ops (``declared_ops``): ``sglang`` (default: what
+#: SGLang's traced paths call raw, ``declared_rules.SGLANG``), ``all``, or ``off``.
+FLASHINFER_OPS = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
+FLASHINFER_OPS_CHOICES = ("sglang", "all", "off")
 
 switch = _startup.switch
 #: Warnings the start-up module has printed in this process (the same message is not printed twice).
@@ -38,6 +42,7 @@ class Settings:
     fallback: str
     #: One message per variable whose value was not understood (its default was used instead).
     problems: Tuple[str, ...] = ()
+    flashinfer_ops: str = FLASHINFER_OPS_CHOICES[0]
 
     @classmethod
     def from_environment(cls) -> "Settings":
@@ -58,4 +63,9 @@ class Settings:
             problems.append(f"{CUDA_VERSION}={os.environ[CUDA_VERSION]!r} is not understood; use torch, nvcc or a "
                             "version like 12.8 (treated as torch)")
             cuda_version = "torch"
-        return cls(strict, disabled, cuda_version, fallback, tuple(problems))
+        gate = os.environ.get(FLASHINFER_OPS, "").strip().lower() or FLASHINFER_OPS_CHOICES[0]
+        if gate not in FLASHINFER_OPS_CHOICES:
+            problems.append(f"{FLASHINFER_OPS}={os.environ[FLASHINFER_OPS]!r} is not understood; use one of "
+                            f"{', '.join(FLASHINFER_OPS_CHOICES)} (treated as {FLASHINFER_OPS_CHOICES[0]})")
+            gate = FLASHINFER_OPS_CHOICES[0]
+        return cls(strict, disabled, cuda_version, fallback, tuple(problems), gate)

@@ -19,8 +19,8 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import (config, cuda_version, family, family_ops, flashinfer_op, hook, ops, preload, rebind, sglang_releases,
-               targets, wrapper)
+from . import (config, cuda_version, declared_ops, family, family_ops, flashinfer_op, hook, ops, preload, rebind,
+               sglang_releases, targets, wrapper)
 from .config import Settings
 from .errors import ApplyError
 
@@ -46,6 +46,8 @@ class _Applied:
     route: str
     #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by revert().
     restorers: List[Callable] = dataclasses.field(default_factory=list)
+    #: FlashInfer's declared ops turned on (declared_ops), or None.
+    declared: Optional[declared_ops.Layer] = None
 
 
 _lock = threading.RLock()
@@ -158,11 +160,13 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
         if restore_op is not None:
             restorers.append(restore_op)
             family_report["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
+        layer = declared_ops.apply(settings.flashinfer_ops, settings.strict)
+        restorers.append(lambda: declared_ops.revert(layer))
     except BaseException:
         _undo(swaps, restorers)
         raise
     _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report, route,
-                        restorers)
+                        restorers, layer)
     _last_problem = None
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
@@ -272,7 +276,7 @@ def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
 STATUS_KEYS = (
     "applied", "problem", "disabled", "activated_by", "flashinfer", "supported_flashinfer", "torch", "torch_cuda",
     "sglang", "fallback", "strict", "warnings", "routes", "children", "target", "op", "family", "rebound",
-    "cuda_version", "devices", "skipped",
+    "cuda_version", "devices", "skipped", "flashinfer_ops",
 )
 
 
@@ -298,7 +302,7 @@ def status() -> dict:
             "routes": {**hook.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
             "children": {config.HOOK: os.environ.get(config.HOOK), "exported_by_import": _exported},
             "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
-            "skipped": None,
+            "skipped": None, "flashinfer_ops": None,
         }
         if applied is None:
             return report
@@ -310,6 +314,7 @@ def status() -> dict:
             cuda_version=cuda_version.describe(applied.cuda),
             devices=[dataclasses.asdict(device) for device in applied.devices],
             skipped=_skipped(applied),
+            flashinfer_ops=declared_ops.describe(applied.declared),
         )
         return report
 

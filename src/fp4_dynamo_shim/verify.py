@@ -140,6 +140,10 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, 
             print(line)
         for name, state in status["family"].items():
             print(f"  family: {name}: {state}")
+        layer = status["flashinfer_ops"]
+        if layer is not None:
+            print(f"  flashinfer ops (FP4_DYNAMO_SHIM_FLASHINFER_OPS={layer['gate']}): {layer['state']}; "
+                  f"{layer['counts']['registered']} of {layer['counts']['declared']} declarations registered")
         for skipped in status["skipped"]:
             print(f"  skipped: {skipped}")
     else:

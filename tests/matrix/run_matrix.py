@@ -44,6 +44,7 @@ CHECKS = {
     "FP4 family": "tests/test_family.py",
     "kernel modes and edges": "tests/test_kernel_modes.py",
     "FlashInfer's own op": "tests/test_flashinfer_op.py",
+    "FlashInfer's declared ops": "tests/test_declared.py",
 }
 
 REFUSAL_PROBE = """
@@ -109,7 +110,7 @@ def run_leg(version: str) -> dict:
         if not report.exists():
             return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
         counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
-        failures, outcomes = [], {}
+        failures, outcomes, skip_reasons = [], {}, {}
         for case in ElementTree.parse(report).iter("testcase"):
             parts = case.get("classname", "").split(".")
             path = next((p for p in files if Path(p).stem in parts), case.get("classname", "?"))
@@ -119,9 +120,11 @@ def run_leg(version: str) -> dict:
                 failures.append(f"{case.get('classname')}::{case.get('name')}")
             elif case.find("skipped") is not None:
                 outcome = "skipped"
+                skip_reasons[case.get("name", "")] = case.find("skipped").get("message", "")
             counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
             outcomes[case.get("name", "")] = outcome
     return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in, "outcomes": outcomes,
+            "skip_reasons": skip_reasons,
             "tail": completed.stdout[-3000:] if failures else ""}
 
 
@@ -149,6 +152,62 @@ def cell(counts: dict | None) -> str:
 
 
 FAMILY_TEST = "test_traces_with_no_graph_breaks_runs_and_matches_eager[{}]"
+DECLARED_TABLE = ROOT / "tests" / "declared_releases.json"
+DECLARED_TEST = "test_the_release_table_row_matches_what_the_shim_does_with_this_release"
+DECLARED_KINDS = ("registered", "covered by the FP4 layer", "out of scope", "not expressible", "FlashInfer's own op",
+                  "failed")
+
+
+DECLARED_TRACE_TEST = "test_public_function_traces_to_the_declared_op_with_no_graph_break[{}]"
+
+
+def render_declared_functions(legs: dict) -> list:
+    """Public function x release: traced under fullgraph with 0 graph breaks to a shim op (fake CUDA tensors)."""
+    prefix, suffix = DECLARED_TRACE_TEST.split("{}")
+    functions = []
+    for leg in legs.values():
+        for name in leg.get("outcomes", {}):
+            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix):-len(suffix)] not in functions:
+                functions.append(name[len(prefix):-len(suffix)])
+    words = {"passed": "pass", "failed": "FAIL"}
+    lines = ["## FlashInfer's declared ops: public function x release", "",
+             "`pass`: `torch.compile(fullgraph=True)` traced the call with 0 graph breaks to a",
+             "`fp4_dynamo_shim_flashinfer` op, on fake CUDA tensors (`tests/test_declared.py`; the kernels run in",
+             "`tests/gpu/test_gpu_declared.py`); `-`: the release lacks the function; `gpu`: the path asks",
+             "`torch.cuda.is_current_stream_capturing()`, which only a CUDA torch answers.", ""]
+    releases = [v for v, leg in legs.items() if "outcomes" in leg]
+    lines += ["| function | " + " | ".join(releases) + " |", "|---|" + "---|" * len(releases)]
+    for function in functions:
+        cells = []
+        for version in releases:
+            leg = legs[version]
+            outcome = leg["outcomes"].get(DECLARED_TRACE_TEST.format(function))
+            skipped_reason = leg.get("skip_reasons", {}).get(DECLARED_TRACE_TEST.format(function), "")
+            cells.append(words.get(outcome) or ("gpu" if "current_stream_capturing" in skipped_reason else "-"))
+        lines.append(f"| `{function}` | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def render_declared(legs: dict) -> list:
+    """FlashInfer's declared ops per release: counts from tests/declared_releases.json, shown for a release
+    whose leg confirmed that its row is what the shim does (tests/test_declared.py)."""
+    table = json.loads(DECLARED_TABLE.read_text())["releases"] if DECLARED_TABLE.exists() else {}
+    lines = ["## FlashInfer's declared ops: release x kind (`FP4_DYNAMO_SHIM_FLASHINFER_OPS=all`)", "",
+             "Every `@register_custom_op` FlashInfer wrote, by what the shim does with it (the reasons, op by op, are in",
+             "`tests/declared_releases.json`); a row shows once the release's leg confirmed the table against the live",
+             "shim. The default gate registers only what SGLang's traced paths call raw (see how-it-works.md).", "",
+             "| FlashInfer | declared | " + " | ".join(DECLARED_KINDS) + " |",
+             "|---|---|" + "---|" * len(DECLARED_KINDS)]
+    for version, leg in legs.items():
+        outcome = leg.get("outcomes", {}).get(DECLARED_TEST)
+        if outcome is None:
+            continue
+        counts = table.get(version, {}).get("counts")
+        if outcome != "passed" or counts is None:
+            lines.append(f"| {version} | {'FAIL' if outcome == 'failed' else outcome} |" + " |" * len(DECLARED_KINDS))
+            continue
+        lines.append(f"| {version} | {counts['declared']} | " + " | ".join(str(counts[k]) for k in DECLARED_KINDS) + " |")
+    return lines + [""]
 
 
 def render_family(legs: dict) -> list:
@@ -311,6 +370,8 @@ def render(legs: dict, refusals: dict) -> str:
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
     lines += render_family(legs)
     lines += render_sglang_releases()
+    lines += render_declared(legs)
+    lines += render_declared_functions(legs)
     lines += render_model_families()
     if not_importable:
         lines += ["## \\* Releases that need a GPU to import", "",

@@ -30,6 +30,7 @@ ACTIVATION = "tests/test_activation.py"
 ROUTES = "tests/test_routes.py"
 EDGES = "tests/test_edges.py"
 SGLANG_WRAPPER = "tests/test_sglang_wrapper.py"
+DECLARED = "tests/test_declared.py"
 
 MUTATIONS = [
     # --- issue 9, item 1-9: breakages the suite once let through -------------------------------------------
@@ -524,4 +525,53 @@ MUTATIONS = [
     mutation("worker-route-words-drift", "verify names a route in words the docs do not use",
              f"{PKG}/checks.py", '    "plugin": "the SGLang plugin",', '    "plugin": "plugin",',
              "tests/test_docs.py::test_the_worker_activation_examples_are_what_verify_prints_for_them"),
+    # --- issue 20: FlashInfer's declared ops ----------------------------------------------------------------
+    mutation("declared-eager-through-dispatcher", "eager calls of a declared function go through the shim's op",
+             f"{PKG}/declared_build.py",
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n',
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n'
+             '    module.__dict__[declaration.function] = namespace[f"_caller_{index}"]\n',
+             f"{DECLARED}::test_eager_calls_keep_flashinfers_own_function_objects"),
+    mutation("declared-revert-keeps-ops", "revert() leaves the shim's declared ops registered (the fragment kept)",
+             f"{PKG}/declared_build.py", "        layer.undo.append(self.library._destroy)\n",
+             "        globals().setdefault('_kept', []).append(self.library)\n",
+             f"{DECLARED}::test_revert_destroys_every_op_and_takes_every_polyfill_back"),
+    mutation("declared-revert-keeps-polyfills", "revert() leaves Dynamo tracing the shim's callers",
+             f"{PKG}/declared_ops.py", "            layer.undo.append(polyfill.install(original, traceable))",
+             "            polyfill.install(original, traceable)",
+             f"{DECLARED}::test_revert_destroys_every_op_and_takes_every_polyfill_back"),
+    mutation("declared-one-silently-skipped", "a declaration is neither registered nor listed",
+             f"{PKG}/declared_ops.py", "        for declaration in scan.declarations:",
+             "        for declaration in scan.declarations[1:]:",
+             f"{DECLARED}::test_every_declaration_in_the_installed_flashinfer_is_registered_or_listed_with_a_reason"),
+    mutation("declared-scan-skips-getters", "declarations nested in module getters are not found",
+             f"{PKG}/declared.py", "                    pending.append((scope + (child.name,), child.body, child))",
+             "                    pass",
+             f"{DECLARED}::test_every_declaration_in_the_installed_flashinfer_is_registered_or_listed_with_a_reason", fast=False),
+    mutation("declared-no-device-helpers", "FlashInfer's device query stays untraceable on the way to a declared op",
+             f"{PKG}/declared_ops.py", "            _queue_helpers(layer)\n", "",
+             f"{DECLARED}::test_public_function_traces_to_the_declared_op_with_no_graph_break[activation.silu_and_mul]", fast=False),
+    mutation("declared-generator-dropped", "a torch.Generator under compile is silently ignored",
+             f"{PKG}/declared_rules.py", '    "if {n} is not None: raise _NotExpressible(', '    "if False: raise _NotExpressible(',
+             f"{DECLARED}::test_a_generator_under_compile_is_refused_with_a_clear_error", fast=False),
+    mutation("declared-strict-lets-failures-pass", "FP4_DYNAMO_SHIM_STRICT=1 applies with an op that failed",
+             f"{PKG}/declared_ops.py", "        if layer.strict:\n            revert(layer)",
+             "        if False:\n            revert(layer)",
+             f"{DECLARED}::test_one_op_failing_to_register_under_strict_refuses_the_whole_shim", fast=False),
+    mutation("declared-default-gate-all", "every declared op on by default",
+             f"{PKG}/config.py", 'FLASHINFER_OPS_CHOICES = ("sglang", "all", "off")',
+             'FLASHINFER_OPS_CHOICES = ("all", "sglang", "off")',
+             f"{DECLARED}::test_the_nsa_indexer_layernorm_call_traces_under_the_default_gate", fast=False),
+    mutation("declared-compiled-graphs-kept", "after revert() a compiled function keeps its graph with a destroyed op",
+             f"{PKG}/declared_build.py",
+             '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n',
+             "",
+             f"{DECLARED}::test_a_compiled_function_recompiles_after_revert_and_traces_flashinfer_again"),
+    mutation("declared-registers-at-start-up", "apply() imports torch._dynamo and registers at once",
+             f"{PKG}/declared_ops.py", '    if "torch._dynamo" in sys.modules:\n        _register(layer)',
+             '    if True:\n        import torch._dynamo\n        _register(layer)',
+             f"{DECLARED}::test_nothing_is_registered_before_torch_dynamo_is_imported"),
+    mutation("declared-strict-refusal-leaves-polyfills", "a refused layer leaves its ops and polyfills behind",
+             f"{PKG}/declared_ops.py", "            revert(layer)  # nothing of a refused layer stays: no op, no polyfill\n", "",
+             f"{DECLARED}::test_one_op_failing_to_register_under_strict_refuses_the_whole_shim", fast=False),
 ]

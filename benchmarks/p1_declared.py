@@ -1,0 +1,197 @@
+"""P1 for FlashInfer's declared ops (issue 20): eager per-call cost of a norm, a rope, an activation and a
+sampling function with every declared op turned on, against FlashInfer alone, a dispatcher op and the floor.
+
+Columns (microseconds per call, same inputs, same kernel):
+
+* ``flashinfer``: FlashInfer's public function, the shim reverted for that candidate's turn of each round;
+* ``shim``: the same function with the shim applied and FP4_DYNAMO_SHIM_FLASHINFER_OPS=all (the layer leaves
+  FlashInfer's function objects in place, so this is FlashInfer's own eager path);
+* ``custom_op``: FlashInfer's declared function wrapped by ``torch.library.custom_op`` with its own
+  ``mutates_args``, what FlashInfer's decorators would cost turned on (FlashInfer registers none of these);
+* ``shim_op``: the shim's op through the dispatcher (``torch.ops.fp4_dynamo_shim_flashinfer.<name>``), what
+  a compiled graph calls;
+* ``floor``: the output allocation plus the JIT module's entry (for the sampling function: its declared nested
+  function, i.e. the JIT call with FlashInfer's argument conversions).
+
+Rounds alternate between candidates (each round also reverts the shim once, for the ``flashinfer`` column);
+ratios are medians of per-round ratios.
+
+    python benchmarks/p1_declared.py [--save]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
+
+import torch  # noqa: E402
+
+import fp4_dynamo_shim  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import add_save_option, environment, median_ratio, now, table, write  # noqa: E402
+
+
+def _op(name):
+    return getattr(torch.ops.fp4_dynamo_shim_flashinfer, name).default
+
+
+def _custom_op(name, function, mutates):
+    return torch.library.custom_op(f"p1_declared::{name}", mutates_args=mutates)(function)
+
+
+def rmsnorm(tokens, hidden):
+    import flashinfer.norm as norm
+
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(hidden, device="cuda", dtype=torch.bfloat16)
+    pdl = norm.device_support_pdl(x.device)
+    jit, op, wrapped = norm.get_norm_module(), _op("rmsnorm"), _custom_op("rmsnorm", norm._rmsnorm_impl, ("out",))
+
+    def floor():
+        jit.rmsnorm(torch.empty_like(x), x, w, 1e-6, pdl)
+
+    return {"public": lambda: norm.rmsnorm(x, w, 1e-6),
+            "custom_op": lambda: wrapped(torch.empty_like(x), x, w, 1e-6, None),
+            "shim_op": lambda: op(torch.empty_like(x), x, w, 1e-6, None), "floor": floor}
+
+
+def apply_rope_pos_ids(tokens, hidden):
+    import flashinfer.rope as rope
+
+    heads = hidden // 128
+    q = torch.randn(tokens, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(tokens, heads, 128, device="cuda", dtype=torch.bfloat16)
+    pos = torch.arange(tokens, device="cuda", dtype=torch.int32)
+    jit, op = rope.get_rope_module(), _op("apply_rope_pos_ids")
+    wrapped = _custom_op("apply_rope_pos_ids", rope._apply_rope_pos_ids, ("q_rope", "k_rope"))
+
+    def floor():
+        jit.apply_rope_pos_ids(q, k, torch.empty_like(q), torch.empty_like(k), pos, 128, False, 1.0, 1e4)
+
+    return {"public": lambda: rope.apply_rope_pos_ids(q, k, pos),
+            "custom_op": lambda: wrapped(q, k, torch.empty_like(q), torch.empty_like(k), pos, 128, False, 1.0, 1e4),
+            "shim_op": lambda: op(q, k, torch.empty_like(q), torch.empty_like(k), pos, 128, False, 1.0, 1e4),
+            "floor": floor}
+
+
+def silu_and_mul(tokens, hidden):
+    import flashinfer.activation as activation
+    from flashinfer.jit import gen_act_and_mul_module
+
+    x = torch.randn(tokens, 2 * hidden, device="cuda", dtype=torch.bfloat16)
+    pdl = activation.device_support_pdl(x.device)
+    nested = activation.get_act_and_mul_module("silu").silu_and_mul
+    jit, op = gen_act_and_mul_module("silu").build_and_load(), _op("act_and_mul")
+    wrapped = _custom_op("act_and_mul", nested, ("out",))
+
+    def out():
+        return torch.empty(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+
+    return {"public": lambda: activation.silu_and_mul(x),
+            "custom_op": lambda: wrapped(out(), x, pdl),
+            "shim_op": lambda: op("silu", out(), x, pdl), "floor": lambda: jit.silu_and_mul(out(), x, pdl)}
+
+
+def top_k_sampling_from_probs(tokens, hidden):
+    import flashinfer.sampling as sampling
+
+    probs = torch.softmax(torch.randn(tokens, 32000, device="cuda"), dim=-1)
+    nested = sampling.get_sampling_module().top_k_sampling_from_probs
+    op = _op("top_k_sampling_from_probs")
+    arguments = (probs, None, None, 50, True)  # probs, indices, maybe_top_k_arr, top_k_val, deterministic, ...
+    # ... then (the generator is not an op argument) seed/offset parts None, return_valid False
+    padding = [False if str(a.type) == "bool" else None for a in op._schema.arguments[len(arguments):]]
+    return {"public": lambda: sampling.top_k_sampling_from_probs(probs, 50),
+            "shim_op": lambda: op(*arguments, *padding), "floor": lambda: nested(*arguments, None)}
+
+
+FUNCTIONS = {"rmsnorm": rmsnorm, "apply_rope_pos_ids": apply_rope_pos_ids, "silu_and_mul": silu_and_mul,
+             "top_k_sampling_from_probs": top_k_sampling_from_probs}
+
+
+def timed(function, calls):
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        function()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def measure(configs, hidden, calls, rounds) -> dict:
+    """Per (function, M): the median microseconds of each candidate over ``rounds``. Each round times every
+    configuration with the shim applied, then reverts once and times FlashInfer's function alone."""
+    per_round = {config: {} for config in configs}
+    for _ in range(rounds):
+        publics = {}
+        # Built again after each apply(): revert() destroyed the ops the previous round's closures held.
+        for (name, tokens) in configs:
+            candidates = FUNCTIONS[name](tokens, hidden)
+            publics[(name, tokens)] = public = candidates.pop("public")
+            for function in (public, *candidates.values()):
+                for _ in range(5):
+                    function()
+            per_round[(name, tokens)].setdefault("shim", []).append(timed(public, calls))
+            for candidate, function in candidates.items():
+                per_round[(name, tokens)].setdefault(candidate, []).append(timed(function, calls))
+        fp4_dynamo_shim.revert()
+        for config, public in publics.items():
+            for _ in range(5):
+                public()
+            per_round[config].setdefault("flashinfer", []).append(timed(public, calls))
+        assert fp4_dynamo_shim.apply()
+    results = {}
+    for config, values in per_round.items():
+        result = {name: statistics.median(v) for name, v in values.items()}
+        result["shim_over_flashinfer"] = median_ratio(values["shim"], values["flashinfer"])
+        if "custom_op" in values:
+            result["shim_over_custom_op"] = median_ratio(values["shim"], values["custom_op"])
+        result["shim_minus_floor_us"] = statistics.median(s - f for s, f in zip(values["shim"], values["floor"]))
+        results[config] = result
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 256])
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=9)
+    add_save_option(parser)
+    options = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("P1 needs a GPU", file=sys.stderr)
+        return 2
+    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    if not fp4_dynamo_shim.status()["applied"] or layer["gate"] != "all":
+        print(f"shim not applied with every declared op: {fp4_dynamo_shim.status()['problem']}", file=sys.stderr)
+        return 2
+    rows, results = [], []
+    measured = measure([(name, tokens) for name in FUNCTIONS for tokens in options.tokens], options.hidden,
+                       options.calls, options.rounds)
+    for (name, tokens), values in measured.items():
+        result = {"function": name, "tokens": tokens, **values}
+        results.append(result)
+        rows.append([name, tokens] + [f"{result[c]:.2f}" if c in result else "-" for c in
+                                      ("flashinfer", "shim", "custom_op", "shim_op", "floor")]
+                    + [f"{result['shim_over_flashinfer']:.3f}",
+                       f"{result['shim_over_custom_op']:.3f}" if "shim_over_custom_op" in result else "-",
+                       f"{result['shim_minus_floor_us']:.2f}"])
+    print(table(["function", "M", "flashinfer", "shim", "custom_op", "shim_op", "floor", "shim/flashinfer",
+                 "shim/custom_op", "shim-floor us"], rows))
+    print(write("p1_declared", {
+        "benchmark": "P1 for FlashInfer's declared ops: eager cost with every declared op on",
+        "when": now(), "environment": environment(), "hidden": options.hidden, "calls": options.calls,
+        "rounds": options.rounds, "command": " ".join(["python"] + sys.argv), "results": results,
+    }, options.save))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

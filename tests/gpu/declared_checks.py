@@ -1,0 +1,182 @@
+"""What the GPU checks of issue 20 measure for one public FlashInfer function (one ``declared_examples`` call).
+
+Shared by ``test_gpu_declared.py`` (asserts) and ``declared_report.py`` (the per-module JSON table):
+
+* ``traced``: ``torch._dynamo.explain`` finds 1 graph, 0 graph breaks, and the graph calls a shim op;
+* ``bit_exact``: ``torch.compile(fullgraph=True, backend="inductor")`` leaves the same bytes as eager in the
+  result and in every argument the function writes;
+* ``graph``: the compiled function captured in a CUDA graph and replayed on fresh values in the captured
+  inputs equals eager on those values (random functions: the replay ran; FlashInfer draws its seed on the
+  host, so a replay repeats the captured draw);
+* ``opcheck``: ``torch.library.opcheck`` on every shim op the call reaches, with the arguments it passed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import traceback
+
+import torch
+
+from fp4_dynamo_shim import declared_ops
+
+
+def _tensors(value):
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _clone(args):
+    return tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+
+
+def _run(function, example, args, kwargs):
+    """Call on clones of ``args``; returns the tensors the call leaves behind (result, then written args)."""
+    args = _clone(args)
+    if example.random:
+        torch.manual_seed(0)
+    result = function(*args, **kwargs)
+    torch.cuda.synchronize()
+    return _tensors(result) + [args[i] for i in example.writes]
+
+
+def _bytes(tensor):
+    return tensor.contiguous().view(torch.uint8) if tensor.numel() else tensor
+
+
+def _same(left, right) -> bool:
+    """Bit for bit (NaNs included): same shapes, dtypes and bytes."""
+    return len(left) == len(right) and all(
+        a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b)) for a, b in zip(left, right))
+
+
+class _OpCalls(torch.fx.Interpreter):
+    """Runs a Dynamo graph node by node, keeping the arguments of the first call of each shim op."""
+
+    def __init__(self, graph_module, calls):
+        super().__init__(graph_module)
+        self.calls = calls
+
+    def call_function(self, target, args, kwargs):
+        if declared_ops.NAMESPACE in str(target) and str(target) not in self.calls:
+            self.calls[str(target)] = (target, _clone(args), dict(kwargs))
+        return super().call_function(target, args, kwargs)
+
+
+def _error(error: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[0][:300]
+
+
+def check(example) -> dict:
+    """Every measure for one example; each is True/False, or a string saying why it was not measured."""
+    function = example.resolve()
+    if function is None:
+        return {"name": example.name, "present": False}
+    args, kwargs = example.arguments("cuda")
+
+    def call(*a):
+        return function(*a, **kwargs)
+
+    report = {"name": example.name, "present": True}
+    eager = _run(function, example, args, kwargs)
+    torch._dynamo.reset()
+    try:
+        explanation = torch._dynamo.explain(call)(*_clone(args))
+        ops = sorted({str(node.target) for graph in explanation.graphs for node in graph.graph.nodes
+                      if declared_ops.NAMESPACE in str(node.target)})
+        report.update(graphs=explanation.graph_count, graph_breaks=explanation.graph_break_count, ops=ops,
+                      break_reasons=[str(reason.reason)[:200] for reason in explanation.break_reasons])
+        report["traced"] = explanation.graph_count == 1 and explanation.graph_break_count == 0 and bool(ops)
+    except Exception as error:  # recorded: the report says what stopped the trace
+        report.update(traced=False, trace_error=_error(error))
+        return report
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="inductor")
+    try:
+        report["bit_exact"] = _same(_run(compiled, example, args, kwargs), eager)
+    except Exception as error:
+        report.update(bit_exact=False, compile_error=_error(error))
+        return report
+    report["graph"] = _graph(compiled, function, example, args, kwargs)
+    report["opcheck"] = _opcheck(call, args)
+    return report
+
+
+def _graph(compiled, function, example, args, kwargs):
+    static = _clone(args)
+    stream = torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                compiled(*static, **kwargs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = compiled(*static, **kwargs)
+    except Exception as error:  # is FlashInfer's own function capturable? then this is the shim's fault
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                function(*_clone(args), **kwargs)
+        except Exception:
+            return f"not capturable, FlashInfer's own function neither: {_error(error)}"
+        return f"capture failed: {_error(error)}"
+    # New values of the same kind: each floating input's rows rolled by one (probabilities stay valid rows).
+    fresh = tuple(a.roll(1, 0) if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype.itemsize > 1
+                  and a.dim() and a.shape[0] > 1 else a for a in args)
+    for target, value in zip(static, fresh):
+        if isinstance(target, torch.Tensor):
+            target.copy_(value)
+    graph.replay()
+    torch.cuda.synchronize()
+    if example.random:
+        return True  # replayed; a replay repeats the draw captured on the host (see module docstring)
+    replayed = _tensors(captured) + [static[i] for i in example.writes]
+    return _same(replayed, _run(function, example, fresh, kwargs))
+
+
+def _opcheck(call, args):
+    graphs = []
+
+    def keep(graph_module, example_inputs):
+        graphs.append((graph_module, [t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs]))
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    torch.compile(call, fullgraph=True, backend=keep)(*_clone(args))
+    calls = {}
+    for graph_module, inputs in graphs:
+        _OpCalls(graph_module, calls).run(*inputs)
+    results = {}
+    for name, (op, op_args, op_kwargs) in calls.items():
+        try:
+            torch.library.opcheck(op, op_args, op_kwargs)
+            results[name] = True
+        except Exception as error:  # each op's verdict, with what opcheck said
+            results[name] = _error(error)
+    return results or "no shim op ran"
+
+
+@contextlib.contextmanager
+def every_op_on():
+    """Re-apply the shim with FP4_DYNAMO_SHIM_FLASHINFER_OPS=all for the block."""
+    import os
+
+    import fp4_dynamo_shim
+
+    previous = os.environ.get("FP4_DYNAMO_SHIM_FLASHINFER_OPS")
+    os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
+    fp4_dynamo_shim.revert()
+    try:
+        assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+        yield fp4_dynamo_shim.status()["flashinfer_ops"]
+    finally:
+        if previous is None:
+            os.environ.pop("FP4_DYNAMO_SHIM_FLASHINFER_OPS", None)
+        else:
+            os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = previous
+        fp4_dynamo_shim.revert()
+        fp4_dynamo_shim.apply()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 20 (FlashInfer's declared ops) on the GPU machine, one command per FlashInfer release, each < 10 min:
+#   bash tests/gpu/issue20.sh 0.6.12   carry .fi0.6.12 .fitests   (+ P1 for four functions)
+#   bash tests/gpu/issue20.sh 0.6.3    carry .whl .fitests        (FlashInfer 0.6.3 + SGLang 0.5.9's compile path)
+#   bash tests/gpu/issue20.sh bench    carry .fi0.6.12            (P1 alone, if the 0.6.12 command ran out of time)
+# Here first: bash tests/gpu/fetch.sh suite; bash tests/gpu/fetch.sh flashinfer 0.6.12;
+#             bash tests/gpu/flashinfer_suite/fetch.sh
+# Steps share one deadline (DEADLINE seconds, default 570): the JIT modules are built in parallel first, then
+# tests/gpu/test_gpu_declared.py (writes $OUT/declared_report_<version>.json), P1 (0.6.12) or SGLang's NSA
+# LayerNorm (0.6.3), then FlashInfer's own tests (tests/gpu/flashinfer_suite/run.sh). Logs and JSON in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+what=${1:?0.6.3, 0.6.12 or bench}
+out=${OUT:-/tmp/issue20}; mkdir -p "$out"; export OUT=$out
+version=$what; [ "$what" = bench ] && version=0.6.12
+wheels=.fi$version; [ "$version" = 0.6.3 ] && wheels=.whl
+site=/tmp/site-issue20-$version
+if [ ! -d "$site" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl || exit 3
+fi
+export PYTHONPATH=$site:$PWD/src:$PWD/tests/gpu:$PWD/tests
+python3 -c "import sgl_kernel" 2> /dev/null || export PYTHONPATH=$PYTHONPATH:$PWD/tests/gpu/stand_ins
+export FLASHINFER_NVCC_THREADS=${FLASHINFER_NVCC_THREADS:-4} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
+deadline=${DEADLINE:-570}
+step() {  # step NAME CAP command...: at most CAP seconds, and never past the deadline
+  local name=$1 cap=$2; shift 2
+  local left=$((deadline - SECONDS - 5)); [ "$left" -lt "$cap" ] && cap=$left
+  [ "$cap" -le 10 ] && { echo "== $name: no time left"; return; }
+  echo "== $name (up to ${cap}s, at ${SECONDS}s)"
+  timeout "$cap" "$@" > "$out/$name.log" 2>&1; local status=$?
+  tail -30 "$out/$name.log"; echo "== $name: exit $status at ${SECONDS}s"
+}
+step "warmup-$version" 240 python3 tests/gpu/declared_warmup.py
+if [ "$what" = bench ]; then
+  step "p1-declared" 400 python3 benchmarks/p1_declared.py --save "$out"
+  exit 0
+fi
+step "gpu-declared-$version" 240 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_declared.py \
+  --junitxml="$out/gpu_declared_$version.xml"
+if [ "$version" = 0.6.12 ]; then
+  step "p1-declared" 150 python3 benchmarks/p1_declared.py --save "$out"
+else
+  step "gpu-declared-sglang-$version" 120 python3 -m pytest -q -rs -p no:cacheprovider \
+    tests/gpu/test_gpu_declared_sglang.py --junitxml="$out/gpu_declared_sglang_$version.xml"
+fi
+step "flashinfer-suite-$version" 400 bash tests/gpu/flashinfer_suite/run.sh "$version"
+ls -la "$out"
