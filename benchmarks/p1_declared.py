@@ -30,6 +30,7 @@ import time
 os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
 
 import torch  # noqa: E402
+import torch._dynamo  # noqa: E402,F401  (the layer registers its ops when torch._dynamo is imported)
 
 import fp4_dynamo_shim  # noqa: E402
 

@@ -121,6 +121,14 @@ def test_public_function_traces_to_the_declared_op_with_no_graph_break(every_op,
         raise
     assert len(backend.graphs) == 1  # fullgraph: a break would have raised
     assert backend.ops(), f"{example.name} traced without reaching any {declared_ops.NAMESPACE} op"
+    # Each op's fake outputs sit on the inputs' device: opcheck on the H200 found FlashInfer's merge_states
+    # fake allocating on the CPU (declared_rules.REPLACED_FAKES), which tracing alone lets through.
+    for graph in backend.graphs:
+        for node in graph.graph.nodes:
+            if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target):
+                devices = {value.device.type for value in torch.utils._pytree.tree_leaves(node.meta.get("example_value"))
+                           if isinstance(value, torch.Tensor)}
+                assert devices <= {"cuda"}, (str(node.target), devices)
 
 
 def test_the_nsa_indexer_layernorm_call_traces_under_the_default_gate():

@@ -129,6 +129,9 @@ def _fake(declaration: declared.Declaration, module, function):
         if derived is not None:
             return derived, list(signature(function).parameters), "derived by the shim (declared_rules.DERIVED_FAKES)"
         raise NotExpressible("returns a value and FlashInfer wrote no fake for it")
+    replaced = declared_rules.REPLACED_FAKES.get((declaration.module, declaration.name))
+    if replaced is not None and replaced.still_wrong(declaration.fake.source):
+        return replaced.fake, list(signature(function).parameters), f"the shim's ({replaced.fault})"
     if not declaration.scope:
         fake = module.__dict__[declaration.fake.function]
     else:

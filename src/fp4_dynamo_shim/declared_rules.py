@@ -88,6 +88,32 @@ DERIVED_FAKES = {
 }
 
 
+def _merged_states(v, s, **_):
+    """merge_states' result, on ``v``'s device."""
+    seq_len, _, num_heads, head_dim = v.size()
+    return (torch.empty(seq_len, num_heads, head_dim, dtype=v.dtype, device=v.device),
+            torch.empty(seq_len, num_heads, dtype=torch.float32, device=v.device))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplacedFake:
+    """A fake FlashInfer wrote wrong, replaced by the shim's while FlashInfer's text still shows the fault."""
+
+    fake: object
+    #: Says, from the text of FlashInfer's fake, whether it is still the wrong one.
+    still_wrong: object
+    fault: str
+
+
+#: (module, declared name) -> ReplacedFake. Found by opcheck on the H200 (tests/gpu/test_gpu_declared.py):
+#: FlashInfer's merge_states fake allocates on the default device, so a compiled graph's fake outputs are
+#: CPU tensors next to CUDA ones (0.5.3-0.7.4, the same text in every release).
+REPLACED_FAKES = {
+    ("flashinfer.cascade", "merge_states"): ReplacedFake(
+        _merged_states, lambda source: "device=" not in source, "FlashInfer's allocates on the default device"),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Adapter:
     """One parameter type the op schema cannot hold, carried as schema-able parts.

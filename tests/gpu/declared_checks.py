@@ -82,6 +82,9 @@ def check(example) -> dict:
 
     report = {"name": example.name, "present": True}
     eager = _run(function, example, args, kwargs)
+    # Does FlashInfer's own eager call repeat its bytes? (topk.top_k was not bit-exact on 0.6.3, cause open:
+    # a kernel whose unsorted order varies run to run would show here as False.)
+    report["eager_repeats"] = True if example.random else _same(_run(function, example, args, kwargs), eager)
     torch._dynamo.reset()
     try:
         explanation = torch._dynamo.explain(call)(*_clone(args))
@@ -153,17 +156,44 @@ def _opcheck(call, args):
     results = {}
     for name, (op, op_args, op_kwargs) in calls.items():
         try:
-            torch.library.opcheck(op, op_args, op_kwargs)
-            results[name] = True
+            results[name] = _opcheck_one(op, op_args, op_kwargs)
         except Exception as error:  # each op's verdict, with what opcheck said
             results[name] = _error(error)
     return results or "no shim op ran"
+
+
+#: What opcheck's test_schema raises on an op that writes FP8 (it does arithmetic on every tensor it compares).
+FP8_SCHEMA_LIMIT = "not implemented for 'Float8_e4m3fn'"
+
+
+def _opcheck_one(op, op_args, op_kwargs):
+    """True when opcheck passes. test_schema cannot compare FP8 tensors (found with rmsnorm_quant on the H200:
+    "mul_cuda" not implemented for Float8_e4m3fn); there the other tests run, and what test_schema would
+    have checked, that only the arguments the schema marks as written change, is checked on the bytes."""
+    try:
+        torch.library.opcheck(op, op_args, op_kwargs)
+        return True
+    except Exception as error:
+        if "test_schema" not in str(error) or FP8_SCHEMA_LIMIT not in str(error):
+            raise
+    torch.library.opcheck(op, op_args, op_kwargs, test_utils=("test_faketensor", "test_aot_dispatch_dynamic"))
+    arguments = _clone(op_args)
+    before = [_bytes(a).clone() if isinstance(a, torch.Tensor) else None for a in arguments]
+    op(*arguments, **op_kwargs)
+    torch.cuda.synchronize()
+    written = {a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+    for argument, old, new in zip(op._schema.arguments, before, arguments):
+        if old is not None and argument.name not in written and not torch.equal(old, _bytes(new)):
+            raise AssertionError(f"{op}: {argument.name} changed, but the schema does not mark it as written")
+    return True
 
 
 @contextlib.contextmanager
 def every_op_on():
     """Re-apply the shim with FP4_DYNAMO_SHIM_FLASHINFER_OPS=all for the block."""
     import os
+
+    import torch._dynamo  # noqa: F401  (the layer registers when it is imported: the counts below are then real)
 
     import fp4_dynamo_shim
 

@@ -63,6 +63,7 @@ def _write(exit_status):
     status = fp4_dynamo_shim.status()
     layer = status["flashinfer_ops"] or {}
     document = {"flashinfer": status["flashinfer"], "applied": status["applied"], "gate": layer.get("gate"),
+                "state": layer.get("state"),  # "waiting" in an eager run: nothing imported torch._dynamo
                 "counts": layer.get("counts"), "compile_mode": os.environ.get("FLASHINFER_TEST_TORCH_COMPILE") == "1",
                 "cases_per_test": os.environ.get("FI_SUITE_CASES", "3"), "files": dict(_results),
                 "failures": _failures[:100], "exit_status": exit_status, "finished": exit_status is not None}
