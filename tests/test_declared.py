@@ -20,7 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import declared, declared_ops, patching, polyfill
+from fp4_dynamo_shim import checks, declared, declared_ops, patching, polyfill
 from fp4_dynamo_shim.errors import ApplyError
 
 import declared_examples
@@ -52,20 +52,8 @@ def every_op():
     assert fp4_dynamo_shim.apply()
 
 
-class _TraceOnly:
-    """Records graphs and runs them on fake tensors: nothing executes."""
-
-    def __init__(self):
-        self.graphs = []
-
-    def __call__(self, graph_module, example_inputs):
-        self.graphs.append(graph_module)
-
-        def run(*args):
-            with FakeTensorMode(allow_non_fake_inputs=True):
-                return graph_module(*args)
-
-        return run
+class _TraceOnly(checks._TraceOnly):
+    """verify's trace-only backend (records graphs, runs them on fake tensors), with the shim ops it reached."""
 
     def ops(self):
         return sorted({str(node.target) for graph in self.graphs for node in graph.graph.nodes

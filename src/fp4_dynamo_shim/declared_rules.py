@@ -151,14 +151,18 @@ ADAPTERS = (
 )
 
 
-def adapter_for(annotation) -> Optional[Adapter]:
-    for known, adapter in ADAPTERS:
+def _lookup(table, annotation):
+    for known, adapter in table:
         try:
             if annotation == known:
                 return adapter
-        except TypeError:
+        except TypeError:  # an annotation that cannot be compared is in no table
             continue
     return None
+
+
+def adapter_for(annotation) -> Optional[Adapter]:
+    return _lookup(ADAPTERS, annotation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,10 +187,4 @@ RETURN_ADAPTERS = (
 
 
 def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
-    for known, adapter in RETURN_ADAPTERS:
-        try:
-            if annotation == known:
-                return adapter
-        except TypeError:
-            continue
-    return None
+    return _lookup(RETURN_ADAPTERS, annotation)
