@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import declared_checks
 import declared_examples
