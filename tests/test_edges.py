@@ -379,7 +379,8 @@ def test_status_describes_the_release_row_as_plain_data():
 
 @pytest.mark.parametrize("version, row", [("0.5.3", 0), ("0.6.6.post1", 0), ("0.6.7", 1), ("0.6.10", 2), ("0.6.11", 3),
                                           ("0.6.12", 4), ("0.7.0.post1", 5), ("0.7.3", 6), ("0.7.4+cu128", 7),
-                                          ("0.7.5rc1", None), ("0.7.5", None), ("0.5.2", None), ("0.7.4rc1", None)])
+                                          ("0.7.5rc1", None), ("0.7.5", None), ("0.5.2", None), ("0.7.4rc1", None),
+                                          ("0.7.0rc1", 5), ("0.6.14.dev1", 5)])  # pre-releases inside a row
 def test_each_version_string_finds_its_release_row(version, row):
     assert targets.target_for(version) == (None if row is None else targets.TARGETS[row])
 

@@ -102,9 +102,13 @@ def run_leg(version: str) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "junit.xml"
         started = time.perf_counter()
+        # Each release compiles into its own inductor cache: torch's cache key does not include a custom op's
+        # schema, so a graph of torch.ops.flashinfer.fp4_quantize compiled under 0.7.4 (8 parameters) was
+        # loaded under 0.6.12 (7) and called the op with 8 arguments.
         completed = subprocess.run(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
-            cwd=ROOT, capture_output=True, text=True, env=env,
+            cwd=ROOT, capture_output=True, text=True,
+            env={**(env or os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(scratch) / "inductor")},
         )
         seconds = time.perf_counter() - started
         if not report.exists():
