@@ -138,14 +138,13 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
 
     swaps, bindings, restorers = [], [], []
 
-    def swap(old, new) -> None:
-        swaps.append((old, new))
-        bindings.extend(rebind.swap(old, new))
+    def swap(*pairs) -> None:
+        swaps.extend(pairs)
+        bindings.extend(rebind.swap(pairs))
 
     try:
-        swap(cpp_ext.is_cuda_version_at_least, new_at_least)
         original_get = cpp_ext.get_cuda_version
-        swap(original_get, new_get)
+        swap((cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get))
         if hasattr(original_get, "cache_clear"):
             original_get.cache_clear()
         launchers, devices, namespaces = preload.load(
@@ -153,9 +152,7 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
         )
         ops.configure(target, launchers)
         family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
-        swap(original, replacement)
-        for family_original, family_replacement in family_replaced.values():
-            swap(family_original, family_replacement)
+        swap((original, replacement), *family_replaced.values())
         restore_op = flashinfer_op.repair(target, module, recipe)
         if restore_op is not None:
             restorers.append(restore_op)
@@ -177,8 +174,7 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
 def _undo(swaps, restorers) -> None:
     for restore in reversed(restorers):
         restore()
-    for old, new in reversed(swaps):
-        rebind.swap(new, old)
+    rebind.swap([(new, old) for old, new in reversed(swaps)])
 
 
 def export_for_children() -> None:
@@ -254,9 +250,7 @@ def rebind_modules(modules=None) -> List[rebind.Binding]:
     with _lock:
         if _applied is None:
             return []
-        found = []
-        for old, new in _applied.swaps:
-            found.extend(rebind.swap(old, new, modules))
+        found = rebind.swap(_applied.swaps, modules)
         _applied.bindings.extend(found)
         return found
 

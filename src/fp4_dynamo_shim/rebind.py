@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import types
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Sequence, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,12 +46,17 @@ def _module_dicts(modules: Optional[Iterable[types.ModuleType]]):
                 yield name, namespace
 
 
-def swap(old: object, new: object, modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:
-    """Rebind every module global that is ``old`` to ``new``; returns what was rebound."""
+def swap(pairs: Sequence[Tuple[object, object]], modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:
+    """Rebind every module global that is one of the pairs' ``old`` objects to its ``new``; returns what was
+    rebound. One walk over the modules for all pairs: apply() swaps about a dozen functions, and a walk per
+    function took 0.28 of apply()'s 0.33 s in a process with 3,000 modules (and as long again in revert())."""
+    replacements = {id(old): (old, new) for old, new in pairs}
     rebound = []
     for module_name, namespace in _module_dicts(modules):
-        names = [name for name, value in list(namespace.items()) if value is old]
-        for name in names:
-            namespace[name] = new
-            rebound.append(Binding(module_name, name))
+        found = [(name, value) for name, value in list(namespace.items()) if id(value) in replacements]
+        for name, value in found:
+            old, new = replacements[id(value)]
+            if value is old:
+                namespace[name] = new
+                rebound.append(Binding(module_name, name))
     return rebound
