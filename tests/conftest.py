@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
+import venvs
 from fp4_dynamo_shim import ops, patching, targets
 from fp4_dynamo_shim.config import Settings
 
@@ -30,6 +31,11 @@ hypothesis.settings.register_profile("long", max_examples=400, derandomize=True,
 hypothesis.settings.register_profile("mutmut", parent=hypothesis.settings.get_profile("ci"), report_multiple_bugs=False,
                                      phases=(hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate))
 hypothesis.settings.load_profile("mutmut" if "MUTANT_UNDER_TEST" in os.environ else "ci")
+
+
+def pytest_runtest_setup(item):
+    """Only the slow tier builds virtual environments (before this test's fixtures, which build them)."""
+    venvs.building_allowed = item.get_closest_marker("slow") is not None
 
 
 @pytest.fixture(autouse=True)

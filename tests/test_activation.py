@@ -25,6 +25,7 @@ def installed(tmp_path_factory) -> venvs.Environment:
     return environment
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["1", None])
 def test_spawned_child_applies_the_shim_only_with_the_environment_variable(installed, variable, tmp_path):
     script = tmp_path / "parent.py"
@@ -46,6 +47,7 @@ STARTUP_MODULES = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variable", ["1", None])
 def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
     result = installed.run(STARTUP_MODULES, env={"FP4_DYNAMO_SHIM": variable} if variable else {})
@@ -55,6 +57,7 @@ def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
     assert loaded == (["fp4_dynamo_shim_hook"] if variable else [])
 
 
+@pytest.mark.slow
 def test_a_broken_hook_module_does_not_stop_the_interpreter(installed, tmp_path):
     (tmp_path / "fp4_dynamo_shim_hook.py").write_text("raise RuntimeError('hook module is broken here')\n")
     result = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
@@ -63,6 +66,7 @@ def test_a_broken_hook_module_does_not_stop_the_interpreter(installed, tmp_path)
     assert "fp4_dynamo_shim.pth" in result.stderr and "hook module is broken here" in result.stderr
 
 
+@pytest.mark.slow
 def test_the_hook_follows_the_value_of_the_variable_not_its_presence(installed):
     code = "import flashinfer; print(getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False))"
     outcomes = {value: installed.run(code, env={"FP4_DYNAMO_SHIM": value}).stdout.strip()
@@ -70,6 +74,7 @@ def test_the_hook_follows_the_value_of_the_variable_not_its_presence(installed):
     assert outcomes == {"1": "True", "true": "True", "0": "False", "false": "False"}
 
 
+@pytest.mark.slow
 def test_importing_the_shim_exports_the_variable_that_activates_spawned_children(installed, tmp_path):
     """Route 1: a launcher that imports the shim and spawns a worker that never imports it. The import sits
     under the main guard: a spawned child re-imports the launcher's top level, which would import the shim
@@ -83,6 +88,7 @@ def test_importing_the_shim_exports_the_variable_that_activates_spawned_children
     assert json.loads(result.stdout.strip().splitlines()[-1])["patched"] is True
 
 
+@pytest.mark.slow
 def test_a_failing_post_import_hook_is_one_warning_and_the_program_goes_on(installed, tmp_path):
     (tmp_path / "wrapt.py").write_text("raise RuntimeError('wrapt is broken here')\n")
     quiet = installed.run("print('alive')", env={"FP4_DYNAMO_SHIM": "1", "PYTHONPATH": str(tmp_path)})
@@ -94,6 +100,7 @@ def test_a_failing_post_import_hook_is_one_warning_and_the_program_goes_on(insta
     assert len(warnings) == 1 and "wrapt is broken" in warnings[0]
 
 
+@pytest.mark.slow
 def test_a_hook_that_raises_when_flashinfer_is_imported_does_not_stop_the_program(installed, tmp_path):
     broken = tmp_path / "fp4_dynamo_shim"
     broken.mkdir()
@@ -160,6 +167,7 @@ def test_sglang_plugin_rebinds_an_original_bound_after_the_shim_applied(tmp_path
         sys.modules.pop("lazy_loader", None)
 
 
+@pytest.mark.slow
 def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(installed, tmp_path):
     (tmp_path / "early_sglang_layer.py").write_text("from flashinfer import fp4_quantize as bound_early\n")
     code = textwrap.dedent("""
@@ -185,6 +193,7 @@ def test_sglang_releases_are_described_from_the_table(version, wraps, check):
     assert (release.fp4_quantize_binding == "sglang-op", release.compile_path_check) == (wraps, check)
 
 
+@pytest.mark.slow
 def test_verify_cpu_run_passes_and_its_json_parses(installed):
     # The console script, run by the venv's interpreter (pip --prefix wrote the installing one's shebang).
     script = installed.root / "env" / "bin" / "fp4-dynamo-shim"
@@ -203,6 +212,7 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
     assert all(set(c) == {"name", "result", "detail", "seconds"} for c in document["checks"])
 
 
+@pytest.mark.slow
 def test_verify_exits_2_when_the_shim_cannot_apply(installed):
     code = textwrap.dedent("""
         import sys, fp4_dynamo_shim
@@ -220,6 +230,7 @@ def test_verify_exits_2_when_the_shim_cannot_apply(installed):
     assert document["exit_code"] == 2 and "nvcc exploded" in document["status"]["problem"]
 
 
+@pytest.mark.slow
 def test_verify_exits_1_when_a_check_fails(installed):
     # Fault injection: break the op's fake so that compiled outputs no longer match eager strides.
     code = textwrap.dedent("""

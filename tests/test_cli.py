@@ -44,6 +44,7 @@ def loaded(importtime_stderr: str) -> set:
 
 @pytest.mark.parametrize("arguments", [["--version"], ["--help"], ["install-hook", "--help"],
                                        ["uninstall-hook", "--site-dir", "."], ["verify", "--help"]])
+@pytest.mark.slow
 def test_the_command_line_loads_neither_torch_nor_flashinfer_where_it_applies_nothing(installed, arguments):
     script = str(installed.root / "env" / "bin" / "fp4-dynamo-shim")
     for command in ([script, *arguments], ["-m", "fp4_dynamo_shim", *arguments]):
@@ -52,6 +53,7 @@ def test_the_command_line_loads_neither_torch_nor_flashinfer_where_it_applies_no
         assert not loaded(result.stderr) & {"torch", "flashinfer"}, command
 
 
+@pytest.mark.slow
 def test_version_takes_well_under_300_ms(installed):
     seconds = []
     for _ in range(5):
@@ -62,6 +64,7 @@ def test_version_takes_well_under_300_ms(installed):
     assert min(seconds) < 0.3, seconds
 
 
+@pytest.mark.slow
 def test_strict_with_a_bad_value_every_command_but_verify_runs_and_applies_nothing(installed, tmp_path):
     for arguments in (["--version"], ["--help"], ["status"], ["install-hook", "--site-dir", str(tmp_path)],
                       ["uninstall-hook", "--site-dir", str(tmp_path)]):
@@ -74,6 +77,7 @@ def test_strict_with_a_bad_value_every_command_but_verify_runs_and_applies_nothi
     assert not (tmp_path / "sitecustomize.py").exists()  # installed, checked, and removed again
 
 
+@pytest.mark.slow
 def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed):
     result = console(installed, "verify", "--json", env=STRICT_AND_BAD)
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
@@ -84,6 +88,7 @@ def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed
     assert check["detail"].startswith("ApplyError: FP4_DYNAMO_SHIM_FALLBACK='bogus' is not understood")
 
 
+@pytest.mark.slow
 def test_install_hook_under_the_kill_switch_installs_checks_and_says_the_switch_is_set(installed):
     pth = installed.site / hook.HOOK_PTH
     try:
@@ -142,6 +147,7 @@ def _lower_bound(specifier: str) -> tuple:
     return allowed[0]
 
 
+@pytest.mark.slow
 def test_the_wheel_declares_the_requires_python_of_pyproject(installed):
     wheel = installed.run("import importlib.metadata as m; print(m.metadata('fp4-dynamo-shim')['Requires-Python'])")
     assert wheel.stdout.strip() == declared_requires_python()
@@ -162,6 +168,7 @@ def _python39():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_python39() is None, reason="no Python 3.9 interpreter on this machine")
 def test_pip_on_python_3_9_refuses_the_wheel_by_its_requires_python(installed):
     """What a user of 3.9 sees now: pip names the Python requirement (before: "No matching distribution" for

@@ -236,6 +236,7 @@ def test_an_unknown_switch_value_is_off_with_a_problem_naming_it(raw):
     assert value is False and "SOME_SWITCH" in problem and repr(raw) in problem
 
 
+@pytest.mark.slow
 def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_path):
     from fp4_dynamo_shim import hook
 

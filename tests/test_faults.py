@@ -42,6 +42,7 @@ def _apply_in_child(queue):
     queue.put((shim.status()["applied"], tuple(packed.shape)))
 
 
+@pytest.mark.slow
 def test_eight_processes_applying_at_once_all_succeed():
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()

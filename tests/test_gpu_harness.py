@@ -13,6 +13,8 @@ import subprocess
 import venv
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def test_every_tests_gpu_path_the_project_names_exists():
     assert sorted(name for name in named if not (ROOT / name).exists()) == []
 
 
+@pytest.mark.slow
 def test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip(tmp_path):
     """No setuptools, no wheel package: the build gets its backend from the index (build isolation)."""
     environment = tmp_path / "venv"

@@ -15,6 +15,10 @@ import venvs
 from fp4_dynamo_shim import hook
 
 
+#: Every test here builds a virtual environment.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> venvs.Environment:
     return venvs.create(tmp_path_factory.mktemp("install"))

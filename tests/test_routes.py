@@ -55,6 +55,7 @@ def path_only(tmp_path_factory) -> venvs.Environment:
 
 # --- every ordinary install runs the hook ---------------------------------------------------------------
 
+@pytest.mark.slow
 def test_an_editable_install_carries_the_hook_and_a_spawned_worker_applies_the_shim(editable):
     assert (editable.site / "fp4_dynamo_shim.pth").exists()
     assert editable.run(PATCHED, env={"FP4_DYNAMO_SHIM": "1"}).stdout.strip() == "True"
@@ -64,6 +65,7 @@ def test_an_editable_install_carries_the_hook_and_a_spawned_worker_applies_the_s
     assert worker["result"] == "pass" and "pth" in worker["detail"], worker
 
 
+@pytest.mark.slow
 def test_install_hook_in_a_debian_python_venv_writes_a_pth_that_runs(debian):
     installed = debian.command(["-m", "fp4_dynamo_shim", "install-hook"])
     assert installed.returncode == 0, installed.stderr
@@ -74,6 +76,7 @@ def test_install_hook_in_a_debian_python_venv_writes_a_pth_that_runs(debian):
     assert debian.run(PATCHED).stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_a_sitecustomize_that_a_system_file_shadows_is_refused_and_named(debian):
     result = debian.command(["-m", "fp4_dynamo_shim", "install-hook", "--sitecustomize"])
     assert result.returncode == 1, result.stdout + result.stderr
@@ -82,6 +85,7 @@ def test_a_sitecustomize_that_a_system_file_shadows_is_refused_and_named(debian)
     assert debian.run(PATCHED).stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_where_no_hook_can_run_the_import_warns_and_verify_fails_the_worker_check(path_only):
     environment = {"PYTHONPATH": SRC, "FP4_DYNAMO_SHIM": "1"}
     imported = path_only.run("import fp4_dynamo_shim", env={"PYTHONPATH": SRC})
@@ -165,6 +169,7 @@ def test_an_unknown_value_gets_one_warning_naming_the_variable_and_its_values(va
     assert fp4_dynamo_shim.status()["warnings"] == [warned[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("value", ["2", "enabled"])
 def test_an_unknown_value_of_the_hook_variable_warns_once_at_start_up(value, editable):
     result = editable.run(PATCHED, env={config.HOOK: value})
@@ -186,6 +191,7 @@ def test_status_has_the_same_keys_applied_not_applied_and_after_a_failed_apply(r
     assert fp4_dynamo_shim.status()["cuda_version"]["source"]
 
 
+@pytest.mark.slow
 def test_revert_withdraws_the_variable_the_import_set_and_says_whether_it_reverted():
     code = ("import os, fp4_dynamo_shim; a = os.environ.get('FP4_DYNAMO_SHIM'); r1 = fp4_dynamo_shim.revert(); "
             "b = os.environ.get('FP4_DYNAMO_SHIM'); r2 = fp4_dynamo_shim.revert(); print(a, r1, b, r2)")
@@ -221,6 +227,7 @@ def test_help_is_plain_text_and_version_is_printed():
     assert re.fullmatch(r"fp4-dynamo-shim \d+\.\d+\.\d+.*\n", version.stdout)
 
 
+@pytest.mark.slow
 def test_verify_groups_rebound_names_by_package_and_lists_modules_only_when_verbose():
     def text(*extra):
         return run_python("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--device', 'cpu'"
@@ -240,6 +247,7 @@ def test_verify_groups_rebound_names_by_package_and_lists_modules_only_when_verb
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_benchmarks_write_results_only_when_asked(tmp_path):
     committed = ROOT / "benchmarks" / "results" / "p3_import.json"
     before = committed.read_bytes() if committed.exists() else None

@@ -23,6 +23,10 @@ CHECK = ("import json, fp4_dynamo_shim\nfrom fp4_dynamo_shim import checks, veri
          "print(json.dumps(verify.run_check('worker-activation', checks.check_worker_activation, 'cpu').__dict__))")
 
 
+#: Every test here builds a virtual environment.
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def with_sglang(tmp_path_factory) -> venvs.Environment:
     root = tmp_path_factory.mktemp("sglang")

@@ -7,13 +7,24 @@ the running environment through a path-only .pth, so nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parent.parent
+#: Whether the running test may build an environment: tests/conftest.py allows it for tests marked ``slow``
+#: only, the tier the README's quick test command leaves out (a venv and a wheel cost seconds each).
+building_allowed = True
+
+
+class NotInTheSlowTier(RuntimeError):
+    """A test builds a virtual environment but is not marked ``@pytest.mark.slow``."""
 
 
 class Environment:
@@ -32,23 +43,38 @@ class Environment:
                               env=environment, cwd=self.root)
 
 
+@contextlib.contextmanager
+def building_in_the_project():
+    """One build of the project at a time, across pytest-xdist's workers: setuptools writes ``build/`` and
+    ``src/*.egg-info`` inside the project, and two builds at once failed there."""
+    key = hashlib.sha1(str(PROJECT).encode()).hexdigest()[:12]
+    with open(Path(tempfile.gettempdir()) / f"fp4-dynamo-shim-build-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 def create(root: Path, with_project: bool = True, python: str = sys.executable, editable: bool = False) -> Environment:
     """A venv at ``root/env`` made by ``python``; with ``with_project`` this project is installed into it,
     from its wheel or (``editable``) as ``pip install -e`` does it, build isolation and all."""
+    if not building_allowed:
+        raise NotInTheSlowTier("this test builds a virtual environment: mark it @pytest.mark.slow (the README's "
+                               "test command leaves that tier to CI)")
     if python == sys.executable:
         venv.create(root / "env", with_pip=False)
     else:  # another interpreter (a Debian system Python): its own venv module
         subprocess.run([python, "-m", "venv", "--without-pip", str(root / "env")], check=True, capture_output=True)
     if with_project and editable:
         # --ignore-installed: without it pip first uninstalls the copy in the running environment.
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--prefix",
-                        str(root / "env"), "-e", str(PROJECT)], check=True, capture_output=True)
+        with building_in_the_project():
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed",
+                            "--prefix", str(root / "env"), "-e", str(PROJECT)], check=True, capture_output=True)
     elif with_project:
         wheel = os.environ.get("FP4_DYNAMO_SHIM_TEST_WHEEL")  # prebuilt, where this machine cannot build one
         if not wheel:
             wheels = root / "wheels"
-            subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(wheels), str(PROJECT)], check=True, capture_output=True)
+            with building_in_the_project():
+                subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                                "-w", str(wheels), str(PROJECT)], check=True, capture_output=True)
             (wheel,) = wheels.glob("fp4_dynamo_shim-*.whl")
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--ignore-installed",
                         "--prefix", str(root / "env"), str(wheel)], check=True, capture_output=True)
