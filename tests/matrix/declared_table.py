@@ -2,9 +2,9 @@
 op FlashInfer declares (``FP4_DYNAMO_SHIM_FLASHINFER_OPS=all``): the op it registers, or the kind of reason and
 the reason it does not.
 
-Each release is installed into this environment with ``pip install --no-deps`` (as run_matrix.py does), the
+Each release is installed into a directory of its own and put first on the path (as run_matrix.py does), the
 shim applied in a fresh interpreter (with the GPU-query stand-in for the releases that need it to import on
-CPU), and ``status()["flashinfer_ops"]`` recorded; the environment's own FlashInfer is put back at the end.
+CPU), and ``status()["flashinfer_ops"]`` recorded; this environment is not changed.
 ``tests/test_declared.py`` checks the installed release's row against the live shim (the matrix runs it for
 each release) and counts the declarations in the installed wheel's text, independently of the ast scan.
 
@@ -15,10 +15,10 @@ each release) and counts the declarations in the installed wheel's text, indepen
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
+import dataclasses
 import json
-import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from packaging.version import Version
@@ -40,10 +40,11 @@ print(json.dumps({"applied": status["applied"], "problem": status["problem"],
 """
 
 
-def probe(version: str) -> dict:
-    env = None if run_matrix.import_error() is None else run_matrix.with_stand_in()
-    completed = subprocess.run([sys.executable, "-c", PROBE], cwd=run_matrix.ROOT, capture_output=True, text=True,
-                               env=env)
+def probe(site: run_matrix.Site) -> dict:
+    version = site.version
+    if site.import_error() is not None:
+        site = dataclasses.replace(site, stand_in=True)
+    completed = site.run(PROBE)
     if completed.returncode != 0:
         raise SystemExit(f"flashinfer {version}: the probe failed:\n{completed.stderr[-3000:]}")
     row = json.loads(completed.stdout.strip().splitlines()[-1])
@@ -58,14 +59,12 @@ def main() -> int:
     options = parser.parse_args()
     table = json.loads(TABLE.read_text()) if TABLE.exists() else {"releases": {}}
     table["generated_by"] = "python tests/matrix/declared_table.py"
-    original = importlib.metadata.version("flashinfer-python")
-    try:
+    with tempfile.TemporaryDirectory() as scratch:
+        wheels = Path(scratch) / "wheels"
+        run_matrix.download(options.versions, wheels)
         for version in options.versions:
-            run_matrix.pip_install(version)
-            table["releases"][version] = probe(version)
+            table["releases"][version] = probe(run_matrix.install(version, wheels, Path(scratch)))
             print(f"flashinfer {version}: {json.dumps(table['releases'][version]['counts'])}", flush=True)
-    finally:
-        run_matrix.pip_install(original)
     table["releases"] = {version: table["releases"][version] for version in sorted(table["releases"], key=Version)}
     TABLE.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
     print(f"wrote {TABLE}")

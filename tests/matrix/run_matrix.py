@@ -1,9 +1,15 @@
-"""Run the CPU test suite against every FlashInfer release an SGLang 0.5.x release pins; write the table.
+"""Run the release-sensitive CPU tests against every FlashInfer release an SGLang 0.5.x release pins; write the table.
 
-One environment holds the union of their dependencies (the newest release's); each leg swaps in one
-FlashInfer with ``pip install --no-deps`` and runs the version-sensitive test files once, and the
-environment's original FlashInfer is put back at the end. Besides the supported releases, one real
-release below the range is installed to prove it is refused cleanly.
+Each leg gets its own copy of one FlashInfer release, installed with ``pip install --no-deps --target`` from
+wheels downloaded once, and put first on ``PYTHONPATH``: the environment itself is never changed, so legs run
+two at a time (``--jobs``). Every leg uses this environment's dependencies (the newest release's) except the
+legs of ``OTHER_TORCH``, which get a virtual environment of their own with that torch (SGLang 0.5.22-0.5.23's
+pins: torch 2.14.1 with FlashInfer 0.7.2). Besides the supported releases, one real release below the range
+is installed to prove it is refused cleanly.
+
+A leg runs the test files of ``CHECKS`` only, less the tests marked ``release_independent``: those whose
+outcome depends on the installed release (which ones, and why the others run once in the README's test
+command, is in docs/testing.md).
 
     python tests/matrix/run_matrix.py --output docs/compatibility.md           # regenerate
     python tests/matrix/run_matrix.py --output docs/compatibility.md --check   # CI: fail if stale
@@ -15,29 +21,32 @@ refused cleanly, or (with --check) when the committed table differs from this ru
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
-import importlib.util
+import concurrent.futures
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
 #: FlashInfer releases pinned by SGLang 0.5.x releases that import on CPU (issue 5), oldest first.
 VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
             "0.6.18", "0.7.1", "0.7.2", "0.7.4"]
+#: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.22-0.5.23.
+OTHER_TORCH = [("0.7.2", "2.14.1")]
 #: A real release outside the supported range: it must be refused with one clear warning.
 UNSUPPORTED = ["0.5.2"]
-#: Table column -> test file run for it.
+#: Table column -> test file run for it: the files whose outcome depends on the installed release.
 CHECKS = {
     "apply / revert / status": "tests/test_lifecycle.py",
     "fullgraph trace, compiled = eager": "tests/test_compile.py",
-    "op: opcheck, fake = real": "tests/test_op.py",
     "reference values": "tests/test_reference.py",
     "kernel-call parity": "tests/test_parity.py",
     "bad input": "tests/test_battery.py",
@@ -57,58 +66,116 @@ print(json.dumps({"applied": status["applied"], "problem": status["problem"], "u
                   "warnings": [l for l in stream.getvalue().splitlines() if "not supported" in l]}))
 """
 
-
-def pip_install(version: str) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall",
-                    f"flashinfer-python=={version}"], check=True)
-    # Two metadata directories mean an earlier install or uninstall was interrupted: the package directory
-    # then mixes releases and every leg's result is noise (seen here as parity failures that moved
-    # between legs from run to run). Say so instead of writing such a table.
-    site = Path(importlib.util.find_spec("flashinfer").submodule_search_locations[0]).parent
-    records = sorted(path.name for path in site.glob("flashinfer_python-*.dist-info"))
-    if records != [f"flashinfer_python-{version}.dist-info"]:
-        raise SystemExit(f"{site} holds {records} after installing flashinfer-python {version}: the environment "
-                         "mixes releases; remove its flashinfer/ and every flashinfer_python-*.dist-info, reinstall")
-
+LEG_PROBE = """
+import json, traceback, torch
+report = {"torch": torch.__version__, "import_error": None}
+try:
+    import flashinfer
+except Exception as error:
+    lines = [line for line in "".join(traceback.format_exception_only(type(error), error)).splitlines() if line.strip()]
+    report["import_error"] = lines[-1]
+print(json.dumps(report))
+"""
 
 STAND_IN = ROOT / "tests" / "matrix" / "gpu_query_stand_in"
 
 
-def with_stand_in() -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(STAND_IN), os.environ.get("PYTHONPATH")) if p)}
+def pip(*arguments: str, python: str = sys.executable) -> None:
+    subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
 
 
-def import_error(env=None) -> str | None:
-    """Why ``import flashinfer`` fails in this environment, or None (some releases need a GPU to import)."""
-    completed = subprocess.run([sys.executable, "-c", "import flashinfer"], cwd=ROOT, capture_output=True, text=True,
-                               env=env)
-    if completed.returncode == 0:
-        return None
-    lines = [line for line in completed.stderr.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else f"exit status {completed.returncode}"
+def download(versions, wheels: Path) -> None:
+    """Each release's wheel, once, for every leg that installs it (four downloads at once)."""
+    missing = [v for v in dict.fromkeys(versions) if not list(wheels.glob(f"flashinfer_python-{v}-*.whl"))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        for done in [pool.submit(pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels / version),
+                                 f"flashinfer-python=={version}") for version in missing]:
+            done.result()
+    for version in missing:
+        for wheel in (wheels / version).glob("*.whl"):
+            wheel.rename(wheels / wheel.name)
 
 
-def run_leg(version: str) -> dict:
-    env, stand_in = None, None
-    failure = import_error()
-    if failure is not None:
-        shim = subprocess.run([sys.executable, "-c", "import fp4_dynamo_shim; print(fp4_dynamo_shim.status()['problem'])"],
-                              cwd=ROOT, capture_output=True, text=True)
-        stand_in = {"import_error": failure, "shim_problem": shim.stdout.strip().splitlines()[-1] if shim.stdout else None}
-        if import_error(with_stand_in()) is not None:
-            return {**stand_in, "seconds": 0.0, "failures": []}
-        env = with_stand_in()  # the release imports once its one GPU query is answered: run the suite
+@dataclasses.dataclass
+class Site:
+    """One FlashInfer release, first on the path of the interpreter ``python`` (this one by default)."""
+
+    version: str
+    directory: Optional[Path] = None  # the release's --target directory; None: the interpreter's own
+    python: str = sys.executable
+    stand_in: bool = False  # the release needs the GPU-query stand-in to import on CPU
+
+    def environment(self, **extra) -> dict:
+        paths = [str(self.directory)] if self.directory else []
+        if self.stand_in:
+            paths.append(str(STAND_IN))
+        paths.append(os.environ.get("PYTHONPATH", ""))
+        environment = {**os.environ, **extra}
+        environment.pop("PYTEST_ADDOPTS", None)
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        return environment
+
+    def run(self, code: str, **extra) -> subprocess.CompletedProcess:
+        return subprocess.run([self.python, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                              env=self.environment(**extra))
+
+    def probe(self) -> dict:
+        """torch's version and why ``import flashinfer`` fails here, or None (some releases need a GPU to
+        import): one interpreter, since each start imports torch and FlashInfer."""
+        completed = self.run(LEG_PROBE)
+        if completed.returncode != 0:
+            raise SystemExit(f"flashinfer {self.version}: the probe failed:\n{completed.stderr[-2000:]}")
+        return json.loads(completed.stdout.strip().splitlines()[-1])
+
+    def import_error(self) -> Optional[str]:
+        return self.probe()["import_error"]
+
+
+def install(version: str, wheels: Path, scratch: Path) -> Site:
+    directory = scratch / f"flashinfer-{version}"
+    pip("install", "--no-deps", "--no-index", "--no-cache-dir", "--find-links", str(wheels), "--target",
+        str(directory), f"flashinfer-python=={version}")
+    site = Site(version, directory)
+    found = site.run("import importlib.metadata as m; print(m.version('flashinfer-python'))").stdout.strip()
+    if found != version:  # the leg would test another release than it says
+        raise SystemExit(f"{directory}: the leg's interpreter finds flashinfer-python {found!r}, not {version}")
+    return site
+
+
+def torch_environment(version: str, torch: str, scratch: Path) -> Site:
+    """A virtual environment with ``torch`` and this FlashInfer release installed with its dependencies, and
+    the project with its test dependencies (torch first: any other order lets pip pick another torch)."""
+    root = scratch / f"torch-{torch}"
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    python = str(root / "bin" / "python")
+    pip("install", f"torch=={torch}", python=python)
+    pip("install", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python)
+    return Site(version, None, python)
+
+
+def run_leg(site: Site, inductor_cache: Path) -> dict:
+    probe = site.probe()
+    torch, stand_in = probe["torch"], None
+    if probe["import_error"] is not None:
+        shim = site.run("import fp4_dynamo_shim; print(fp4_dynamo_shim.status()['problem'])")  # as a user sees it
+        stand_in = {"import_error": probe["import_error"],
+                    "shim_problem": shim.stdout.strip().splitlines()[-1] if shim.stdout else None}
+        site = dataclasses.replace(site, stand_in=True)
+        if site.import_error() is not None:
+            return {**stand_in, "seconds": 0.0, "failures": [], "torch": torch}
     files = [path for path in CHECKS.values() if (ROOT / path).exists()]
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "junit.xml"
         started = time.perf_counter()
-        # Each release compiles into its own inductor cache: torch's cache key does not include a custom op's
-        # schema, so a graph of torch.ops.flashinfer.fp4_quantize compiled under 0.7.4 (8 parameters) was
-        # loaded under 0.6.12 (7) and called the op with 8 arguments.
+        # Kernels compiled by inductor are shared between legs (keyed by their source), whole graphs are not:
+        # torch's graph cache key leaves out a custom op's schema, so a graph of torch.ops.flashinfer.fp4_quantize
+        # compiled under 0.7.4 (8 parameters) was loaded under 0.6.12 (7) and called the op with 8 arguments.
         completed = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}", *files],
+            [site.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not release_independent",
+             f"--junitxml={report}", *files],
             cwd=ROOT, capture_output=True, text=True,
-            env={**(env or os.environ), "TORCHINDUCTOR_CACHE_DIR": str(Path(scratch) / "inductor")},
+            env=site.environment(TORCHINDUCTOR_CACHE_DIR=str(inductor_cache), TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+                                 TORCHINDUCTOR_AUTOGRAD_CACHE="0"),
         )
         seconds = time.perf_counter() - started
         if not report.exists():
@@ -128,19 +195,18 @@ def run_leg(version: str) -> dict:
             counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
             outcomes[case.get("name", "")] = outcome
     return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in, "outcomes": outcomes,
-            "skip_reasons": skip_reasons,
+            "skip_reasons": skip_reasons, "torch": torch,
             "tail": completed.stdout[-3000:] if failures else ""}
 
 
-def probe_refusal(version: str) -> dict:
-    completed = subprocess.run([sys.executable, "-c", REFUSAL_PROBE], cwd=ROOT, capture_output=True, text=True)
+def probe_refusal(site: Site) -> dict:
+    completed = site.run(REFUSAL_PROBE)
     if completed.returncode != 0:
         return {"ok": False, "detail": completed.stderr[-1500:]}
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     result["refused_cleanly"] = (not result["applied"] and result["untouched"] and len(result["warnings"]) == 1
                                  and "not supported" in (result["problem"] or ""))
-    strict = subprocess.run([sys.executable, "-c", "import fp4_dynamo_shim"], cwd=ROOT, capture_output=True,
-                            text=True, env={**os.environ, "FP4_DYNAMO_SHIM_STRICT": "1"})
+    strict = site.run("import fp4_dynamo_shim", FP4_DYNAMO_SHIM_STRICT="1")
     result["strict_raises"] = strict.returncode != 0 and "ApplyError" in strict.stderr
     result["ok"] = result["refused_cleanly"] and result["strict_raises"]
     return result
@@ -178,7 +244,7 @@ def render_declared_functions(legs: dict) -> list:
              "`pass`: `torch.compile(fullgraph=True)` traced the call with 0 graph breaks to a",
              "`fp4_dynamo_shim_flashinfer` op, on fake CUDA tensors (`tests/test_declared.py`; the kernels run in",
              "`tests/gpu/test_gpu_declared.py`); `-`: the release lacks the function; `gpu`: the path asks",
-             "`torch.cuda.is_current_stream_capturing()`, which only a CUDA torch answers.", ""]
+             "`torch.cuda.is_current_stream_capturing()`, which only a GPU answers.", ""]
     releases = [v for v, leg in legs.items() if "outcomes" in leg]
     lines += ["| function | " + " | ".join(releases) + " |", "|---|" + "---|" * len(releases)]
     for function in functions:
@@ -206,7 +272,7 @@ def render_declared(legs: dict) -> list:
         outcome = leg.get("outcomes", {}).get(DECLARED_TEST)
         if outcome is None:
             continue
-        counts = table.get(version, {}).get("counts")
+        counts = table.get(release_of(version), {}).get("counts")
         if outcome != "passed" or counts is None:
             lines.append(f"| {version} | {'FAIL' if outcome == 'failed' else outcome} |" + " |" * len(DECLARED_KINDS))
             continue
@@ -351,26 +417,30 @@ def render(legs: dict, refusals: dict) -> str:
         "",
         "Generated by `python tests/matrix/run_matrix.py --output docs/compatibility.md` from one CPU run of",
         "the test files below against each FlashInfer release (CI runs it with `--check` on every push and",
-        "fails when this file is stale). Cells: tests passed (and skipped, where a release lacks what a test",
-        "needs). GPU results are in [performance.md](performance.md) and the issue notes.",
+        "fails when this file is stale), on the torch each row names: this environment's for every release, and",
+        "a virtual environment of its own for SGLang 0.5.22-0.5.23's pins. Cells: tests passed (and skipped,",
+        "where a release lacks what a test needs). These files are the tests whose outcome depends on the",
+        "installed release (docs/testing.md says why the others run once). GPU results are in",
+        "[performance.md](performance.md) and [testing.md](testing.md).",
         "",
-        "| FlashInfer | " + " | ".join(columns) + " |",
-        "|---|" + "---|" * len(columns),
+        "| FlashInfer | torch | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
     ]
     not_importable = {}
     for version, leg in legs.items():
+        version, torch = release_of(version), leg.get("torch", "?")
         if "import_error" in leg:
             not_importable[version] = leg
-            lines.append(f"| {version} | " + " | ".join(["does not import on CPU (below)"] + [""] * (len(columns) - 1)) + " |")
+            lines.append(f"| {version} | {torch} | " + " | ".join(["does not import on CPU (below)"] + [""] * (len(columns) - 1)) + " |")
             continue
         if "error" in leg:
-            lines.append(f"| {version} | " + " | ".join(["ERROR"] * len(columns)) + " |")
+            lines.append(f"| {version} | {torch} | " + " | ".join(["ERROR"] * len(columns)) + " |")
             continue
         row = [cell(leg["counts"].get(CHECKS[c])) for c in columns]
         if leg.get("stand_in"):
             not_importable[version] = leg["stand_in"]
             version = f"{version} *"
-        lines.append(f"| {version} | " + " | ".join(row) + " |")
+        lines.append(f"| {version} | {torch} | " + " | ".join(row) + " |")
     lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
     lines += render_family(legs)
     lines += render_sglang_releases()
@@ -398,33 +468,119 @@ def render(legs: dict, refusals: dict) -> str:
     return "\n".join(lines)
 
 
+def leg_name(version: str, torch: Optional[str] = None) -> str:
+    return version if torch is None else f"{version}, torch {torch}"
+
+
+def release_of(name: str) -> str:
+    """The FlashInfer release of a leg's name."""
+    return name.split(", torch ")[0]
+
+
+class Legs:
+    """The legs still to run, taken by ``--jobs`` runner threads. A leg whose environment is still being built
+    is awaited; once built it goes first, so that its long test run overlaps the others."""
+
+    def __init__(self, legs):
+        self.legs, self.building, self.ready = list(legs), 0, threading.Condition()
+
+    def build(self, make_leg) -> None:
+        with self.ready:
+            self.building += 1
+
+        def built() -> None:
+            try:
+                leg = make_leg()
+            except BaseException as error:  # the runner that takes this leg raises it
+
+                def leg(error=error):
+                    raise error
+            with self.ready:
+                self.building -= 1
+                self.legs.insert(0, leg)
+                self.ready.notify_all()
+
+        threading.Thread(target=built, daemon=True).start()
+
+    def take(self):
+        with self.ready:
+            while not self.legs and self.building:
+                self.ready.wait()
+            return self.legs.pop(0) if self.legs else None
+
+
+def run_all(options, scratch: Path) -> tuple:
+    """(legs, refusals): every leg, ``--jobs`` at a time; an other-torch leg's environment is built beside the
+    first legs (it is mostly download and unpacking) and its leg runs next once it is ready."""
+    wheels, started = scratch / "wheels", time.perf_counter()
+    download([*options.versions, *UNSUPPORTED, *(v for v, _ in options.other_torch)], wheels)
+    print(f"downloaded the wheels in {time.perf_counter() - started:.0f} s", flush=True)
+    inductor_cache = scratch / "inductor"
+    legs, refusals, lock, errors = {}, {}, threading.Lock(), []
+
+    def report(name: str, leg: dict) -> None:
+        bad = "error" in leg or leg["failures"]  # a release that needs a GPU to import is not a failure here
+        with lock:
+            legs[name] = leg
+            print(f"flashinfer {name}: {'FAILED' if bad else 'ok'} in {leg['seconds']:.0f} s", flush=True)
+            if bad:
+                print(leg.get("error") or "\n".join(leg["failures"]) + "\n" + leg["tail"], flush=True)
+
+    def cpu_leg(version: str):
+        return lambda: report(version, run_leg(install(version, wheels, scratch), inductor_cache))
+
+    def other_torch_leg(version: str, torch: str):
+        begun = time.perf_counter()
+        site = torch_environment(version, torch, scratch)
+        print(f"torch {torch} environment built in {time.perf_counter() - begun:.0f} s", flush=True)
+        return lambda: report(leg_name(version, torch), run_leg(site, inductor_cache))
+
+    queue = Legs(cpu_leg(version) for version in options.versions)
+    for version, torch in options.other_torch:
+        queue.build(lambda version=version, torch=torch: other_torch_leg(version, torch))
+
+    def runner() -> None:
+        while (leg := queue.take()) is not None:
+            try:
+                leg()
+            except BaseException as error:  # reported after the others finish
+                errors.append(error)
+
+    threads = [threading.Thread(target=runner) for _ in range(max(1, options.jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    for version in UNSUPPORTED:
+        refusals[version] = probe_refusal(install(version, wheels, scratch))
+        print(f"flashinfer {version} (unsupported): "
+              f"{'refused cleanly' if refusals[version]['ok'] else refusals[version]}", flush=True)
+    order = [*options.versions, *(leg_name(v, t) for v, t in options.other_torch)]
+    missing = [name for name in order if name not in legs]
+    if missing:
+        raise SystemExit(f"legs that did not run: {', '.join(missing)}")
+    return {name: legs[name] for name in order}, refusals
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
     parser.add_argument("--check", action="store_true", help="fail if the committed --output differs")
     parser.add_argument("--versions", nargs="+", default=VERSIONS)
+    parser.add_argument("--other-torch", nargs="*", default=OTHER_TORCH, type=lambda s: tuple(s.split(":")),
+                        metavar="FLASHINFER:TORCH", help="legs in their own venv with that torch (default: "
+                        + ", ".join(f"{v}:{t}" for v, t in OTHER_TORCH) + "; none: --other-torch)")
+    parser.add_argument("--jobs", type=int, default=2, help="legs run at once (default 2)")
     options = parser.parse_args()
-    original = importlib.metadata.version("flashinfer-python")
-    legs, refusals, failed = {}, {}, False
-    try:
-        for version in options.versions:
-            pip_install(version)
-            leg = run_leg(version)
-            legs[version] = leg
-            bad = "error" in leg or leg["failures"]  # a release that needs a GPU to import is not a failure here
-            failed |= bool(bad)
-            print(f"flashinfer {version}: {'FAILED' if bad else 'ok'} in {leg['seconds']:.0f} s", flush=True)
-            if bad:
-                print(leg.get("error") or "\n".join(leg["failures"]) + "\n" + leg["tail"], flush=True)
-        for version in UNSUPPORTED:
-            pip_install(version)
-            refusals[version] = probe_refusal(version)
-            failed |= not refusals[version]["ok"]
-            print(f"flashinfer {version} (unsupported): {'refused cleanly' if refusals[version]['ok'] else refusals[version]}",
-                  flush=True)
-    finally:
-        pip_install(original)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fp4-matrix-") as scratch:
+        legs, refusals = run_all(options, Path(scratch))
+    failed = any("error" in leg or leg["failures"] for leg in legs.values())
+    failed |= not all(result["ok"] for result in refusals.values())
     text = render(legs, refusals)
+    print(f"matrix: {len(legs)} legs in {time.perf_counter() - started:.0f} s", flush=True)
     if options.check:
         committed = options.output.read_text() if options.output.exists() else ""
         if committed != text:
