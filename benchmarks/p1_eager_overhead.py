@@ -13,9 +13,12 @@ Columns (microseconds per call, every candidate launching the same FlashInfer ke
 
 Rounds alternate between candidates; each ratio is the median of per-round ratios (machines are noisy).
 On GPUs without the FP4 kernel (SM<100) run it with FP4_DYNAMO_SHIM_FALLBACK=launch: every candidate then
-launches FlashInfer's real (empty) kernel, which is what per-call host overhead consists of there.
+launches FlashInfer's real (empty) kernel, which is what per-call host overhead consists of there. With
+``--device cpu`` (no GPU) every candidate runs on CPU tensors as on an SM100 whose JIT module does nothing
+(``common.stand_in_sm100``): each path's host cost with a launch of zero, for comparing torch releases.
 
     FP4_DYNAMO_SHIM_FALLBACK=launch python benchmarks/p1_eager_overhead.py [--save]
+    python benchmarks/p1_eager_overhead.py --device cpu [--save]
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import fp4_dynamo_shim
 from fp4_dynamo_shim import flashinfer_op, ops, patching, preload
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from common import add_save_option, environment, median_ratio, now, table, write  # noqa: E402
+from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ratio, now, stand_in_sm100,  # noqa: E402
+                    table, write)
 
 
 def _floor(x, scale):
@@ -39,7 +43,7 @@ def _floor(x, scale):
     target = ops.active_target()
     module = sys.modules[target.module]
     jit = preload.jit_module_of(module.get_fp4_quantization_module(
-        "%d%d" % torch.cuda.get_device_capability(x.device)))
+        "%d%d" % torch.cuda.get_device_capability(x.device if x.is_cuda else None)))
     values = dict(sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True, is_sf_8x4_layout=False,
                   is_global_scale_inversed=False, enable_pdl=True, nvfp4_4over6_code=0)
     scalars = [values[name] for name in target.kernel_args]
@@ -63,26 +67,27 @@ def _sglang_op():
         return None
 
 
-def timed(function, calls):
-    torch.cuda.synchronize()
+def timed(function, calls, synchronize):
+    synchronize()
     started = time.perf_counter()
     for _ in range(calls):
         function()
-    torch.cuda.synchronize()
+    synchronize()
     return (time.perf_counter() - started) / calls * 1e6
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 256, 4096])
     parser.add_argument("--columns", type=int, nargs="+", default=[2048, 7168])
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=15)
     add_save_option(parser)
     options = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("P1 needs a GPU", file=sys.stderr)
-        return 2
+    if options.device == "cpu":
+        stand_in_sm100()
+    synchronize = torch.cuda.synchronize if options.device == "cuda" else (lambda: None)
     if not fp4_dynamo_shim.status()["applied"]:
         print(f"shim not applied: {fp4_dynamo_shim.status()['problem']}", file=sys.stderr)
         return 2
@@ -93,8 +98,8 @@ def main() -> int:
     rows_out, results = [], []
     for columns in options.columns:
         for rows in options.rows:
-            x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16)
-            scale = torch.tensor([1.0], device="cuda")
+            x = torch.randn(rows, columns, device=options.device, dtype=torch.bfloat16)
+            scale = torch.tensor([1.0], device=options.device)
             candidates = {"original": lambda: original(x, scale), "shim": lambda: shim(x, scale),
                           "floor": _floor(x, scale)}
             if has_op:
@@ -108,15 +113,17 @@ def main() -> int:
             per_round = {name: [] for name in [*candidates, *(["flashinfer_op"] if has_op else [])]}
             for _ in range(options.rounds):
                 for name, function in candidates.items():
-                    per_round[name].append(timed(function, options.calls))
+                    per_round[name].append(timed(function, options.calls, synchronize))
                 if has_op:  # FlashInfer's op as shipped: its own registrations, its body calling its function
                     fp4_dynamo_shim.revert()
                     shipped = torch.ops.flashinfer.fp4_quantize
                     for _ in range(5):
                         shipped(x, scale, 16, False, True, False, False)
                     per_round["flashinfer_op"].append(timed(lambda: shipped(x, scale, 16, False, True, False, False),
-                                                            options.calls))
+                                                            options.calls, synchronize))
                     assert fp4_dynamo_shim.apply()
+                    if options.device == "cpu":
+                        cpu_as_stand_in_gpu()
             median = {name: statistics.median(values) for name, values in per_round.items()}
             result = {"rows": rows, "columns": columns, **{f"{n}_median_us": v for n, v in median.items()},
                       "shim_over_original": median_ratio(per_round["shim"], per_round["original"]),
@@ -139,9 +146,10 @@ def main() -> int:
           + (f"; worst shim/FlashInfer-op {max(r['shim_over_flashinfer_op'] for r in results):.3f} (goal <= 0.4)"
              if has_op else "")
           + f"; worst shim - floor {max(r['shim_minus_floor_us'] for r in results):.2f} us (goal <= 1)")
-    print(write("p1_eager_overhead", {
+    print(write("p1_eager_overhead" + ("_cpu_torch" + torch.__version__.split("+")[0] if options.device == "cpu" else ""), {
         "benchmark": "P1 eager per-call cost against FlashInfer's function, its op, SGLang's op and the floor",
-        "when": now(), "environment": environment(), "mode": fp4_dynamo_shim.status()["devices"][0]["mode"],
+        "when": now(), "environment": environment(), "device": options.device,
+        "mode": fp4_dynamo_shim.status()["devices"][0]["mode"] if options.device == "cuda" else "stand-in SM100, no kernel",
         "calls": options.calls, "rounds": options.rounds, "command": " ".join(["python"] + sys.argv),
         "results": results,
     }, options.save))

@@ -32,41 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
-from common import add_save_option, environment, median_ratio, now, table, write  # noqa: E402
-
-
-class _NoKernel:
-    """Stands in for the built JIT module on a machine with no GPU: the launch itself costs nothing."""
-
-    def fp4_quantize(self, *arguments):
-        pass
-
-
-class _Spec:
-    def build_and_load(self):
-        return _NoKernel()
-
-
-def stand_in_sm100() -> None:
-    """FlashInfer's function and the shim, on CPU tensors, as on an SM100 (tests/test_parity.py's stand-ins)."""
-    import flashinfer
-
-    from fp4_dynamo_shim import ops, preload
-
-    module = sys.modules[flashinfer.fp4_quantize.__module__]
-    module.gen_fp4_quantization_sm100_module = _Spec
-    module.get_compute_capability = lambda device: (10, 0)
-    module.device_support_pdl = lambda device: True
-    preload.visible_device_count = lambda: 1
-    torch.cuda.get_device_capability = lambda index=None: (10, 0)
-    torch.cuda.get_device_name = lambda index=None: "stand-in SM100"
-    module.get_fp4_quantization_module.cache_clear()
-    import fp4_dynamo_shim
-
-    fp4_dynamo_shim.revert()
-    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
-    ops._launchers[-1] = ops._launchers[0]
-    ops._direct_kernels[-1] = ops._direct_kernels[0]
+from common import add_save_option, environment, median_ratio, now, stand_in_sm100, table, write  # noqa: E402
 
 
 def main() -> int:
