@@ -5,7 +5,7 @@
 object, at FlashInfer's own cost, and every reference to it (``from flashinfer.norm import layernorm`` in
 SGLang, a closure, a default argument) is covered without rebinding anything. It has no inverse, so
 :func:`install` returns the undo: it removes the four entries ``substitute_in_graph`` adds to Dynamo's tables
-(torch 2.8-2.13 keep them in the same places) and checks that Dynamo no longer sees a polyfill there.
+(torch 2.11, 2.13 and 2.14.1, the releases tested, keep them in the same places) and checks that Dynamo no longer sees a polyfill there.
 """
 
 from __future__ import annotations
