@@ -95,13 +95,13 @@ class _Spec:
 
 def stand_in_sm100() -> None:
     """FlashInfer's function and the shim, on CPU tensors, as on an SM100 whose JIT module does nothing
-    (tests/test_parity.py's stand-ins): each path's host cost with a kernel launch of zero, where no GPU is."""
+    (tests/fp4/test_parity.py's stand-ins): each path's host cost with a kernel launch of zero, where no GPU is."""
     import sys
 
     import flashinfer
     import torch
 
-    from fp4_dynamo_shim import preload
+    from _fp4_dynamo_shim.fp4 import kernels as preload
 
     module = sys.modules[flashinfer.fp4_quantize.__module__]
     module.gen_fp4_quantization_sm100_module = _Spec
@@ -120,7 +120,7 @@ def stand_in_sm100() -> None:
 
 def cpu_as_stand_in_gpu() -> None:
     """CPU tensors take the shim's paths for the stand-in GPU (after every apply(), which resets them)."""
-    from fp4_dynamo_shim import ops
+    from _fp4_dynamo_shim.fp4 import quantize_op as ops
 
     ops._launchers[-1] = ops._launchers[0]
     ops._direct_kernels[-1] = ops._direct_kernels[0]

@@ -31,7 +31,10 @@ import time
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import flashinfer_op, ops, patching, preload
+from _fp4_dynamo_shim.fp4 import flashinfer_op
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import kernels as preload
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ratio, now, stand_in_sm100,  # noqa: E402

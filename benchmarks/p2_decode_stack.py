@@ -19,7 +19,7 @@ import time
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching
+from _fp4_dynamo_shim import lifecycle as patching
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import add_save_option, environment, now, table, write  # noqa: E402

@@ -100,7 +100,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a GPU (it builds an emulation kernel for it)", file=sys.stderr)
         return 2
-    from fp4_dynamo_shim import fp4_arithmetic
+    from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
 
     module = build()
     rows, results = [], []

@@ -9,9 +9,9 @@ interleaved rounds on the same inputs:
 * ``sglang_op_shim``: SGLang's op bound to the shim's replacement;
 * ``original`` / ``shim``: the two functions called directly, for scale.
 
-SGLang's ``fp4_utils.py`` runs from the verbatim copies in ``tests/sglang_sources`` (``tests/sglang_wrapper.py``
+SGLang's ``fp4_utils.py`` runs from the verbatim copies in ``tests/data/sglang_sources`` (``tests/support/sglang_wrapper.py``
 lists the stand-ins for its platform queries). ``--device cpu`` (no GPU): FlashInfer's own function and the
-shim both run as on an SM100 whose JIT module does nothing (the stand-ins of ``tests/test_parity.py``), so
+shim both run as on an SM100 whose JIT module does nothing (the stand-ins of ``tests/fp4/test_parity.py``), so
 the figures are each path's host cost with a kernel launch of zero. ``--device cuda``: the real kernel; on
 SM90 run it with ``FP4_DYNAMO_SHIM_FALLBACK=launch`` (the real, empty kernel launch).
 
@@ -31,7 +31,7 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 from common import add_save_option, environment, median_ratio, now, stand_in_sm100, table, write  # noqa: E402
 
 
@@ -47,7 +47,7 @@ def main() -> int:
     options = parser.parse_args()
 
     import fp4_dynamo_shim
-    from fp4_dynamo_shim import patching
+    from _fp4_dynamo_shim import lifecycle as patching
 
     if options.device == "cpu":
         stand_in_sm100()

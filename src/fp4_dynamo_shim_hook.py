@@ -200,7 +200,8 @@ def sglang_plugin():
     the package's import route would export FP4_DYNAMO_SHIM=1 and hand every child to the import hook,
     and the plugin route could never be seen on its own."""
     with _importing_as("plugin"):
-        from fp4_dynamo_shim import sglang
+        import fp4_dynamo_shim  # noqa: F401  (the package's import, as the plugin's route)
+        from _fp4_dynamo_shim.entry import sglang_plugin as sglang
     sglang.plugin()
 
 
@@ -209,7 +210,8 @@ def cli():
     the plugin: the package's import must not apply the shim for ``--version``, ``status`` or the hook
     commands (``verify`` applies it itself)."""
     with _importing_as(CLI):
-        from fp4_dynamo_shim.cli import main
+        import fp4_dynamo_shim  # noqa: F401  (the package's import, as the command line's: applies nothing)
+        from _fp4_dynamo_shim.cli import main
     return main()
 
 

@@ -11,22 +11,24 @@ import torch
 
 import fp4_dynamo_shim
 import venvs
-from fp4_dynamo_shim import ops, patching, targets
-from fp4_dynamo_shim.config import Settings
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim.settings import Settings
 
-if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tests/mutation/run_mutmut.py)
+if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tools/mutation/run_mutmut.py)
     import mutmut_support
     from mutmut_support import pytest_collection_finish, pytest_runtest_logreport  # noqa: F401  (hooks)
 
     mutmut_support.install()
 
-# Property tests (tests/test_properties.py): fixed examples everywhere; "ci" bounds their number, "long" is
+# Property tests (tests/fp4/test_properties.py): fixed examples everywhere; "ci" bounds their number, "long" is
 # the documented longer run (docs/testing.md). --hypothesis-profile=long picks it.
 hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, deadline=None, database=None,
                                      print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
 hypothesis.settings.register_profile("long", max_examples=400, derandomize=True, deadline=None, database=None,
                                      print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
-# mutmut's run (tests/mutation/run_mutmut.py): the "ci" examples, but a failure is not shrunk or explained (a
+# mutmut's run (tools/mutation/run_mutmut.py): the "ci" examples, but a failure is not shrunk or explained (a
 # mutant's failing property test spent minutes shrinking; a kill needs one failing example, not the smallest).
 hypothesis.settings.register_profile("mutmut", parent=hypothesis.settings.get_profile("ci"), report_multiple_bugs=False,
                                      phases=(hypothesis.Phase.explicit, hypothesis.Phase.reuse, hypothesis.Phase.generate))

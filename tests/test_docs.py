@@ -8,7 +8,10 @@ import re
 from pathlib import Path
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import checks, hook, patching, verify
+from _fp4_dynamo_shim.verify import checks
+from _fp4_dynamo_shim.routes import site_files as hook
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.verify import report as verify
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent

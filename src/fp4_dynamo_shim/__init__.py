@@ -17,8 +17,8 @@ __version__ = "0.1.0"
 # the user, whose import alone exports FP4_DYNAMO_SHIM=1 for children.
 _route = _startup.import_route()
 if _route != _startup.CLI:
-    from . import patching
-    from .patching import apply, revert, status
+    from _fp4_dynamo_shim import lifecycle as patching
+    from _fp4_dynamo_shim.lifecycle import apply, revert, status
 
     if patching.apply(route=_route) and _route == "import":
         patching.export_for_children()
@@ -28,7 +28,7 @@ def __getattr__(name):
     """``apply``/``revert``/``status`` where the command line imported the package: patching (torch, FlashInfer)
     loads on first use, so that ``fp4-dynamo-shim --version`` does not pay for it."""
     if name in __all__:
-        from . import patching
+        from _fp4_dynamo_shim import lifecycle
 
-        return getattr(patching, name)
+        return getattr(lifecycle, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

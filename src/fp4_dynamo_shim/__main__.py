@@ -1,8 +1,8 @@
-"""python -m fp4_dynamo_shim: the command line (``fp4_dynamo_shim.cli``)."""
+"""python -m fp4_dynamo_shim: the command line (``_fp4_dynamo_shim.cli``)."""
 
 import sys
 
-from fp4_dynamo_shim.cli import main
+from _fp4_dynamo_shim.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

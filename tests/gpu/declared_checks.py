@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from fp4_dynamo_shim import declared_ops
+from _fp4_dynamo_shim.declared import layer as declared_ops
 
 
 def _tensors(value):

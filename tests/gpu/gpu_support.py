@@ -27,7 +27,9 @@ import os
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import family_ops, ops, reference
+from _fp4_dynamo_shim.fp4 import family_ops
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.fp4 import reference
 
 GPU = torch.cuda.is_available()
 SM = torch.cuda.get_device_capability(0) if GPU else None

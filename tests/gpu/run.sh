@@ -24,6 +24,6 @@ python3 -c "import sgl_kernel" 2> /dev/null || export PYTHONPATH=$PYTHONPATH:$PW
 export FLASHINFER_NVCC_THREADS=${FLASHINFER_NVCC_THREADS:-4} MAX_JOBS=${MAX_JOBS:-16} PYTHONUNBUFFERED=1
 if [ "${1:-}" = "--mutations" ]; then
   shift
-  exec python3 tests/mutation/run_mutations.py --gpu "$@"
+  exec python3 tools/mutation/run_mutations.py --gpu "$@"
 fi
 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu "$@"

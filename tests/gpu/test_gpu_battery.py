@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from battery import ALL_META_CASES, CALLERS, CASES, GPU_CASES, META_CASES, Case, assert_carries, caller_for
-from fp4_dynamo_shim import patching, targets
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import releases as targets
 from fp4_dynamo_shim.errors import InvalidArgumentError
 
 #: Errors FlashInfer raises only by accident (an ``assert`` in its Python code, a stride lookup).

@@ -14,7 +14,9 @@ import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
-from fp4_dynamo_shim import ops, patching, targets
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import releases as targets
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_host_sync
 

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import sglang, sglang_releases
+from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
 
 release = sglang_releases.release_for(sglang_releases.installed_version())

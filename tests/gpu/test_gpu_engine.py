@@ -48,7 +48,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fp4_dynamo_shim import hook, sglang_releases
+from _fp4_dynamo_shim.routes import site_files as hook
+from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
 ENGINE = Path(__file__).resolve().parent / "engine"
 sys.path.insert(0, str(ENGINE))

@@ -14,7 +14,9 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import family_ops, patching, reference
+from _fp4_dynamo_shim.fp4 import family_ops
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import reference
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_breaks
 

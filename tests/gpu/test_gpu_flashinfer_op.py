@@ -13,7 +13,7 @@ import flashinfer
 import pytest
 import torch
 
-from fp4_dynamo_shim import flashinfer_op
+from _fp4_dynamo_shim.fp4 import flashinfer_op
 from gpu_support import capture_and_replay, meta, no_breaks
 
 pytestmark = pytest.mark.skipif(not flashinfer_op.flashinfer_has_op(),

@@ -13,7 +13,9 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching, sglang, sglang_releases
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
 release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
@@ -90,7 +92,8 @@ def test_modelopt_fp4_linear_apply_traces_and_computes_with_fp4_quantize_bound_a
     product of the same quantized operands on the CPU. With SGLang 0.5.9 the sgl_kernel stand-in
     (tests/gpu/stand_ins) answers the module's sgl_kernel imports; none of those kernels is called.
     """
-    from fp4_dynamo_shim import layout, reference
+    from _fp4_dynamo_shim.fp4 import layout
+    from _fp4_dynamo_shim.fp4 import reference
 
     try:
         modelopt = importlib.import_module("sglang.srt.layers.quantization.modelopt_quant")

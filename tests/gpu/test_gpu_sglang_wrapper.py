@@ -1,6 +1,6 @@
 """SGLang >= 0.5.12's own FP4 op on a real GPU, with the shim applied before SGLang binds and by the plugin after.
 
-``tests/test_sglang_wrapper.py`` proves it on CPU; here the same verbatim SGLang code (``tests/sglang_wrapper.py``,
+``tests/sglang/test_sglang_wrapper.py`` proves it on CPU; here the same verbatim SGLang code (``tests/support/sglang_wrapper.py``,
 with SGLang's own CUDA-only registration and no CPU kernel added) runs on CUDA tensors: SGLang's op gives
 exactly the shim's bytes (``FP4_DYNAMO_SHIM_FALLBACK=reference``: the H200 has no FP4 kernel body), compiled
 with ``fullgraph=True`` and replayed from a CUDA graph it gives the eager bytes, and with the real (empty)
@@ -18,7 +18,9 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from fp4_dynamo_shim import patching, sglang, wrapper
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.fp4 import replacement as wrapper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_facts  # noqa: E402
@@ -26,7 +28,7 @@ import sglang_wrapper  # noqa: E402
 
 VERSIONS = sglang_facts.SOURCE_RELEASES
 
-# The same condition as tests/test_sglang_wrapper.py's: found on the H200 with FlashInfer 0.6.3, where these
+# The same condition as tests/sglang/test_sglang_wrapper.py's: found on the H200 with FlashInfer 0.6.3, where these
 # tests failed with SGLang's own TypeError instead of saying why they cannot run there.
 pytestmark = pytest.mark.skipif(
     "backend" not in inspect.signature(patching.original_function() or flashinfer.fp4_quantize).parameters,

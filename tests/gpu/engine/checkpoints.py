@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from fp4_dynamo_shim import reference
+from _fp4_dynamo_shim.fp4 import reference
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTERMEDIATE, VOCAB, LAYERS = 256, 4, 2, 64, 512, 512, 2
 EXPERTS, TOP_K, MOE_INTERMEDIATE = 8, 2, 128

@@ -149,7 +149,9 @@ def reference_fp4_quantize(input, global_scale=None, sf_vec_size=16, sf_use_ue8m
 
     import torch
 
-    from fp4_dynamo_shim import fp4_arithmetic, layout, targets
+    from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
+    from _fp4_dynamo_shim.fp4 import layout
+    from _fp4_dynamo_shim.fp4 import releases as targets
 
     if sf_vec_size != 16 or sf_use_ue8m0 or not is_sf_swizzled_layout or is_sf_8x4_layout or input.dim() != 2:
         raise NotImplementedError("the stand-in quantizes the call SGLang's linear layers make only")

@@ -1,0 +1,117 @@
+"""FlashInfer's CUDA version, decided once at apply time instead of by ``nvcc --version`` per call.
+
+``flashinfer.jit.cpp_ext.get_cuda_version`` runs a subprocess (behind a
+``functools.cache`` that Dynamo does not honour), which is the first thing
+``torch.compile(fullgraph=True)`` dies on. The replacements below return a
+constant and compare plain tuples, both of which Dynamo traces.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+import shutil
+import subprocess
+from typing import Optional
+
+import torch
+from packaging.version import Version
+
+logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+
+
+@dataclasses.dataclass(frozen=True)
+class CudaVersion:
+    version: Optional[Version]
+    #: Where it came from: "torch", "nvcc", "environment", or "none".
+    source: str
+    nvcc: Optional[Version]
+    nvcc_path: Optional[str]
+
+
+def describe(resolved: CudaVersion) -> dict:
+    return {"value": str(resolved.version) if resolved.version else None, "source": resolved.source,
+            "nvcc": str(resolved.nvcc) if resolved.nvcc else None, "nvcc_path": resolved.nvcc_path}
+
+
+def find_nvcc() -> Optional[str]:
+    """nvcc where FlashInfer's get_cuda_path looks: $CUDA_HOME (or $CUDA_PATH) alone when set, else PATH,
+    else /usr/local/cuda."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home:
+        candidate = os.path.join(home, "bin", "nvcc")
+        return candidate if os.path.exists(candidate) else None
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    default = "/usr/local/cuda/bin/nvcc"
+    return default if os.path.exists(default) else None
+
+
+def nvcc_release(nvcc: Optional[str]) -> Optional[Version]:
+    if nvcc is None:
+        return None
+    try:
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.debug("could not run %s --version: %s", nvcc, error)
+        return None
+    match = re.search(r"release (\d+\.\d+),", text)
+    return Version(match.group(1)) if match else None
+
+
+def resolve(setting: str) -> CudaVersion:
+    """Decide the version per ``FP4_DYNAMO_SHIM_CUDA_VERSION`` (``torch``, ``nvcc`` or ``X.Y``)."""
+    nvcc_path = find_nvcc()
+    nvcc = nvcc_release(nvcc_path)
+    torch_cuda = Version(torch.version.cuda) if torch.version.cuda else None
+    if setting == "torch":
+        version, source = (torch_cuda, "torch") if torch_cuda else (nvcc, "nvcc")
+    elif setting == "nvcc":
+        version, source = (nvcc, "nvcc") if nvcc else (torch_cuda, "torch")
+    else:
+        try:
+            version, source = Version(setting), "environment"
+        except ValueError:
+            raise ValueError(f"FP4_DYNAMO_SHIM_CUDA_VERSION={setting!r}: expected torch, nvcc or a version like 12.8") from None
+    if version is None:
+        source = "none"
+    if nvcc and torch_cuda and nvcc.release[:2] != torch_cuda.release[:2]:
+        logger.warning(
+            "nvcc at %s is CUDA %s but torch was built for CUDA %s; FlashInfer's JIT will be told %s (%s). "
+            "Set FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc|torch|X.Y to choose.",
+            nvcc_path, nvcc, torch_cuda, version, source,
+        )
+    return CudaVersion(version, source, nvcc, nvcc_path)
+
+
+def _padded(parts) -> tuple:
+    """(major, minor, micro) so that 12.8 == 12.8.0, as packaging compares them."""
+    return (tuple(parts) + (0, 0, 0))[:3]
+
+
+def make_replacements(resolved: CudaVersion, original_get_cuda_version):
+    """Return (get_cuda_version, is_cuda_version_at_least) that answer from ``resolved``."""
+    version = resolved.version
+
+    if version is None:
+        # Neither torch nor nvcc knows a CUDA version: keep FlashInfer's behaviour (it raises), lazily.
+        def get_cuda_version() -> Version:
+            return original_get_cuda_version()
+
+        def is_cuda_version_at_least(version_str: str) -> bool:
+            return original_get_cuda_version() >= Version(version_str)
+
+    else:
+        release = _padded(version.release)
+
+        def get_cuda_version() -> Version:
+            return version
+
+        def is_cuda_version_at_least(version_str: str) -> bool:
+            return release >= _padded(int(part) for part in version_str.split("."))
+
+    get_cuda_version.__doc__ = f"CUDA version fixed by fp4_dynamo_shim at apply time ({version}, from {resolved.source})."
+    return get_cuda_version, is_cuda_version_at_least

@@ -1,0 +1,272 @@
+"""Building one declared op: FlashInfer's objects for a declaration, its fake, the op in the fragment, and the
+traceable that Dynamo will use in place of FlashInfer's function or getter (``declared_ops`` installs it).
+
+Whatever is a fact of the release (no fake, a type no schema holds, a getter whose namespace cannot be
+rebuilt) raises :class:`NotExpressible` and becomes the declaration's listed reason; anything else raised here
+is a failure to register, listed as such (STRICT raises).
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import importlib
+import inspect
+import sys
+from typing import Callable, List, Optional
+
+import torch
+
+from . import scan as declared
+from . import codegen as declared_codegen
+from . import rules as declared_rules
+from .codegen import NotExpressible
+
+NAMESPACE = "fp4_dynamo_shim_flashinfer"
+
+
+@dataclasses.dataclass
+class Outcome:
+    key: str  # declared.Declaration.key
+    module: str  # the declaring module
+    declared: str  # FlashInfer's name, as written
+    group: str  # the gate group: "sglang" or "all"
+    op: Optional[str] = None  # "fp4_dynamo_shim_flashinfer::rmsnorm" when registered
+    reason: Optional[str] = None  # why it is not
+    kind: Optional[str] = None  # one of declared_rules.KINDS, once decided
+    #: Which fake the op has: "FlashInfer's", "FlashInfer's, by keyword (...)", "none needed (returns None)".
+    fake: Optional[str] = None
+
+    @property
+    def failed(self) -> bool:
+        """The reason is an error while registering (STRICT raises), not a fact of the release."""
+        return self.kind == declared_rules.FAILED
+
+    def refuse(self, reason: str, kind: str = declared_rules.NOT_EXPRESSIBLE) -> None:
+        self.op, self.reason, self.kind = None, reason, kind
+
+    def fail(self, error: BaseException, what: str = "") -> None:
+        self.refuse(f"{what}{type(error).__name__}: {error}", declared_rules.FAILED)
+
+    def register(self, op_name: str) -> None:
+        self.op, self.reason, self.kind = f"{NAMESPACE}::{op_name}", None, declared_rules.REGISTERED
+
+
+@dataclasses.dataclass
+class Layer:
+    gate: str
+    scanned: str
+    strict: bool = False
+    outcomes: List[Outcome] = dataclasses.field(default_factory=list)
+    undo: List[Callable] = dataclasses.field(default_factory=list)
+    helpers: List[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+    #: (FlashInfer's function, the traceable, the outcomes it serves, what it is), before they go to Dynamo.
+    pending: List[tuple] = dataclasses.field(default_factory=list)
+    #: "waiting for torch._dynamo to be imported", "registered", "off", "reverted" or "failed: ...".
+    state: str = "off"
+
+
+def module_named(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    try:
+        return importlib.import_module(name)
+    except Exception as error:  # any import failure is a fact of this environment, listed
+        raise NotExpressible(f"{name} does not import here ({type(error).__name__}: {error})") from None
+
+
+def already_an_op(name: Optional[str]) -> bool:
+    if name is None:
+        return False
+    try:
+        getattr(torch.ops.flashinfer, name)
+    except (AttributeError, RuntimeError):
+        return False
+    return True
+
+
+def signature(function) -> inspect.Signature:
+    try:
+        return inspect.signature(function, eval_str=True)
+    except Exception as error:  # an annotation that does not evaluate, a builtin
+        raise NotExpressible(f"signature: {type(error).__name__}: {error}") from None
+
+
+def _compiled(source: str, module, what: str):
+    """A def compiled from FlashInfer's text in its module's globals (the module itself is not touched)."""
+    local: dict = {}
+    try:
+        exec(compile(source, getattr(module, "__file__", "<flashinfer>"), "exec"), module.__dict__, local)
+    except Exception as error:  # e.g. a default that names one of the getter's locals
+        raise NotExpressible(f"{what} does not compile outside its getter ({type(error).__name__}: {error})") from None
+    return next(iter(local.values()))
+
+
+def _free_names(source: str, module) -> List[str]:
+    tree = ast.parse(source).body[0]
+    bound = {a.arg for a in ast.walk(tree.args) if isinstance(a, ast.arg)}
+    bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    loaded = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return sorted(loaded - bound - set(module.__dict__) - set(dir(builtins)))
+
+
+def _returns_none(function) -> bool:
+    return signature(function).return_annotation in (None, type(None))
+
+
+def _fake(declaration: declared.Declaration, module, function):
+    """(FlashInfer's fake or None, the keywords to call it with or None, how) for one declaration.
+
+    FlashInfer's fakes never ran (its decorators are no-ops), and some drifted from their functions: a fake
+    whose parameters are a subset of the function's is called by keyword with those; one that names
+    parameters the function lacks is dropped where the function returns None (it needs no fake), and the
+    declaration is not registered otherwise.
+    """
+    if declaration.fake is None:
+        if _returns_none(function):
+            return None, None, "none needed (returns None)"
+        derived = declared_rules.DERIVED_FAKES.get((declaration.module, declaration.name))
+        if derived is not None:
+            return derived, list(signature(function).parameters), "derived by the shim (declared_rules.DERIVED_FAKES)"
+        raise NotExpressible("returns a value and FlashInfer wrote no fake for it")
+    replaced = declared_rules.REPLACED_FAKES.get((declaration.module, declaration.name))
+    if replaced is not None and replaced.still_wrong(declaration.fake.source):
+        return replaced.fake, list(signature(function).parameters), f"the shim's ({replaced.fault})"
+    if not declaration.scope:
+        fake = module.__dict__[declaration.fake.function]
+    else:
+        free = _free_names(declaration.fake.source, module)
+        if free:
+            raise NotExpressible(f"FlashInfer's fake reads its getter's locals ({', '.join(free)})")
+        fake = _compiled(declaration.fake.source, module, f"fake {declaration.fake.function}")
+    own, theirs = list(signature(function).parameters), list(signature(fake).parameters)
+    if theirs == own:
+        return fake, None, "FlashInfer's"
+    if set(theirs) <= set(own):
+        return fake, theirs, f"FlashInfer's, by keyword (it lacks {', '.join(n for n in own if n not in theirs)})"
+    stale = ", ".join(n for n in theirs if n not in own)
+    if _returns_none(function):
+        return None, None, f"none needed (returns None; FlashInfer's fake names parameters it lacks: {stale})"
+    raise NotExpressible(f"FlashInfer's fake names parameters the function lacks ({stale})")
+
+
+def _stub(declaration: declared.Declaration, module):
+    returns = f" -> {declaration.returns}" if declaration.returns else ""
+    return _compiled(f"def {declaration.function}({declaration.parameters}){returns}: pass", module, declaration.function)
+
+
+class Registrar:
+    """Defines ops in one fragment and keeps the bindings the generated code needs."""
+
+    def __init__(self, layer: Layer):
+        self.library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        layer.undo.append(self.library._destroy)
+        self.names: set = set()
+        self.count = 0
+
+    def name_for(self, declaration: declared.Declaration) -> str:
+        base = declaration.name if declaration.name is not None else declaration.function.lstrip("_")
+        name, suffix = base, 2
+        while name in self.names:
+            name, suffix = f"{base}_{suffix}", suffix + 1
+        self.names.add(name)
+        return name
+
+    def register(self, op: declared_codegen.Op, kernel: Callable, fake: Callable):
+        self.library.define(op.name + op.schema)
+        for key in ("CPU", "CUDA"):
+            self.library.impl(op.name, kernel, key)
+        torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=self.library)
+        return getattr(getattr(torch.ops, NAMESPACE), op.name).default
+
+
+def _build(registrar, declaration, module, getter=None, key=None):
+    """(op object, Op, its index, which fake) for one declaration; raises NotExpressible for a fact of the
+    release, anything else for a failure."""
+    index = registrar.count = registrar.count + 1
+    if getter is None:
+        function = module.__dict__.get(declaration.function)
+        inner = inspect.unwrap(function) if callable(function) else None
+        if getattr(getattr(inner, "__code__", None), "co_name", None) != declaration.function:
+            raise NotExpressible(f"{declaration.module}.{declaration.function} is not that function at import time")
+        own, getter_signature, bindings = signature(function), None, {f"_target_{index}": function}
+    else:
+        function = _stub(declaration, module)
+        own, getter_signature = signature(function), signature(getattr(getter, "__wrapped__", getter))
+        bindings = {f"_getter_{index}": getter}
+    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own,
+                               declaration.mutates, getter_signature)
+    fake, fake_keywords, how = _fake(declaration, module, function)
+    target = declared_codegen.target_expression(index, getter_signature, key)
+    kernel, fake_function = declared_codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
+                                                             fake_keywords)
+    return registrar.register(op, kernel, fake_function), op, index, how
+
+
+def _caller_namespace() -> dict:
+    return {"_Tensor": torch.Tensor, "_NotExpressible": declared_codegen.NotExpressibleError,
+            "_Namespace": declared_codegen.Namespace}
+
+
+def module_level(layer, registrar, declaration, module, outcome):
+    op_object, op, index, outcome.fake = _build(registrar, declaration, module)
+    namespace = {**_caller_namespace(), f"_op_{index}": op_object}
+    exec(compile(declared_codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>", "exec"),
+         namespace)
+    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global
+    layer.pending.append((module.__dict__[declaration.function], namespace[f"_caller_{index}"], [outcome],
+                          declaration.key))
+    outcome.register(op.name)
+
+
+def getter(layer, registrar, members, module, namespace_facts: declared.Namespace):
+    """One polyfill for a getter: a namespace whose declared entries call the ops, the rest refuse."""
+    getter_object = module.__dict__.get(namespace_facts.getter)
+    if getter_object is None or namespace_facts.problem:
+        reason = namespace_facts.problem or f"{namespace_facts.getter} is not a module attribute"
+        for _, outcome in members:
+            outcome.refuse(reason)
+        return
+    getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
+    namespace, entries, built = _caller_namespace(), {}, 0
+    try:
+        source = [f"def _getter({declared_codegen.declare(signature(getter), namespace, 'g')}):\n"]
+    except NotExpressible as fact:
+        for _, outcome in members:
+            outcome.refuse(f"{namespace_facts.getter}: {fact}")
+        return
+    for declaration, outcome in members:
+        keys = namespace_facts.keys_of(declaration.function)
+        if outcome.kind is not None:
+            continue
+        if not keys:
+            outcome.refuse(f"{namespace_facts.getter}'s namespace does not hold {declaration.function}")
+            continue
+        try:
+            op_object, op, index, outcome.fake = _build(registrar, declaration, module, getter_object, keys[0])
+        except NotExpressible as fact:
+            outcome.refuse(str(fact))
+            continue
+        except Exception as error:  # registration itself went wrong: listed, STRICT raises
+            outcome.fail(error)
+            continue
+        namespace[f"_op_{index}"] = op_object
+        source.append(declared_codegen.caller_source(op, index, namespace, indent="    "))
+        entries.update({key: f"_caller_{index}" for key in keys})
+        outcome.register(op.name)
+        built += 1
+    if not built:
+        return
+    for number, (key, value) in enumerate(namespace_facts.entries):
+        if key not in entries:
+            namespace[f"_unavailable_{number}"] = declared_codegen.unavailable(
+                f"{module.__name__}.{namespace_facts.getter}().{key.lstrip('=')}")
+            entries[key] = f"_unavailable_{number}"
+    items = ", ".join(f"{key[1:] if key.startswith('=') else repr(key)}: {value}" for key, value in entries.items())
+    source.append(f"    return _Namespace({{{items}}})\n")
+    exec(compile("".join(source), f"<{NAMESPACE} {module.__name__}.{namespace_facts.getter}>", "exec"), namespace)
+    layer.undo.append(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
+    layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
+                          f"{module.__name__}.{namespace_facts.getter}"))

@@ -1,0 +1,243 @@
+"""FlashInfer's own declarations, turned on while the shim is applied: every ``register_custom_op`` FlashInfer
+wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer's function (issue 20).
+
+* Found by reading FlashInfer's sources (``declared``), not at decoration time.
+* Registered under the shim's namespace ``fp4_dynamo_shim_flashinfer::<name>`` (FlashInfer's own name after
+  ``flashinfer::``), with ``Library.define`` + ``impl`` + ``register_fake``: never ``flashinfer::<name>``,
+  which a FlashInfer build that turns its decorators on (a fork's ``FLASHINFER_USE_TORCH_CUSTOM_OPS=1``, PR
+  #2734) would define itself, in a getter that runs after the shim applied, and fail on. A name FlashInfer
+  did register is left alone.
+* Eager calls are FlashInfer's own: nothing is rebound. Dynamo is told, through ``polyfill``, to trace the
+  generated caller instead of FlashInfer's function (or instead of the getter whose namespace holds it), so
+  FlashInfer's eager cost is unchanged and no dispatcher is on the eager path.
+* All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
+  program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
+* The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` (``declared_rules``) picks which declarations; everything not
+  registered is listed with the reason. :func:`revert` removes the polyfills and destroys the fragment.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from . import scan as declared
+from . import build as declared_build
+from . import rules as declared_rules
+from . import polyfill
+from .build import NAMESPACE, Layer, Outcome
+from .codegen import NotExpressible
+from _fp4_dynamo_shim.errors import ApplyError
+
+logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+
+__all__ = ["NAMESPACE", "Layer", "Outcome", "apply", "revert", "describe"]
+#: (major, minor) per visible GPU, read at apply: what FlashInfer's get_compute_capability returns under
+#: tracing (Dynamo cannot trace the device query itself).
+CAPABILITIES: Dict[int, tuple] = {}
+#: FlashInfer's cached device queries on the paths to declared ops: (module, function, what it takes).
+#: Dynamo traces a lookup in CAPABILITIES instead (the function itself is untouched).
+HELPERS = (
+    ("flashinfer.utils", "get_compute_capability", "device"),
+    ("flashinfer.sampling", "_blackwell_softmax_capability", "index"),  # 0.7.x: torch.cuda.get_device_capability
+)
+
+
+def _group(declaration: declared.Declaration) -> str:
+    return "sglang" if (declaration.module, declaration.name) in declared_rules.SGLANG else "all"
+
+
+def _scan(package: Path, gate: str) -> tuple:
+    if gate == "all":
+        return declared.scan(package), "every file of the package"
+    # The default gate reads only the files of the declarations it turns on: a full scan costs 0.1-0.8 s.
+    modules = {module for module, _ in declared_rules.SGLANG}
+    paths = [package.parent.joinpath(*m.split(".")) for m in sorted(modules)]
+    files = [p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for p in paths]
+    scanned = declared.scan_files(package, [f for f in files if f.exists()])
+    return scanned, "the default gate's modules: " + ", ".join(sorted(modules))
+
+
+def _capability_of_device(device):
+    if device.type != "cuda":
+        raise ValueError("device must be a cuda device")
+    return CAPABILITIES[device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def _capability_of_index(device_index):
+    return CAPABILITIES[device_index]
+
+
+_TRACED_HELPERS = {"device": _capability_of_device, "index": _capability_of_index}
+
+
+def _queue_helpers(layer: Layer) -> None:
+    served = [outcome for outcome in layer.outcomes if outcome.op]
+    for module_name, name, takes in HELPERS:
+        function = getattr(sys.modules.get(module_name), name, None)
+        if function is not None:
+            layer.pending.append((getattr(function, "__wrapped__", function), _TRACED_HELPERS[takes], served,
+                                  f"{module_name}.{name}"))
+            layer.helpers.append(f"{module_name}.{name}")
+
+
+def _install_polyfills(layer: Layer) -> List[str]:
+    """Hand the traceables to Dynamo. A polyfill that cannot be installed leaves the ops it serves
+    unreachable: they are listed as failed."""
+    if torch.cuda.is_available():
+        CAPABILITIES.update({i: torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    failures = []
+    for original, traceable, outcomes, what in layer.pending:
+        try:
+            layer.undo.append(polyfill.install(original, traceable))
+        except Exception as error:  # e.g. another library already substitutes this function
+            failures.append(what)
+            for outcome in outcomes:
+                outcome.fail(error, f"polyfill for {what}: ")
+    layer.pending.clear()
+    return failures
+
+
+def _register(layer: Layer) -> None:
+    """Read the declarations, register what the gate selects and install the polyfills; the work of
+    :func:`apply`, done once torch._dynamo is imported. One op's failure is recorded in its outcome (one
+    warning; STRICT raises :class:`ApplyError`); anything else raises after undoing the layer."""
+    if layer.state != "waiting for torch._dynamo to be imported":
+        return  # reverted before Dynamo came
+    started = time.perf_counter()
+    import flashinfer
+
+    try:
+        scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate)
+        registrar = declared_build.Registrar(layer)
+        by_getter: Dict[tuple, list] = {}
+        for declaration in scan.declarations:
+            outcome = Outcome(declaration.key, declaration.module, declaration.name_source, _group(declaration))
+            layer.outcomes.append(outcome)
+            refused = _reason_before_building(declaration, layer.gate, outcome.group)
+            if refused is not None:
+                outcome.refuse(*refused)
+                continue
+            try:
+                module = declared_build.module_named(declaration.module)
+                if declaration.getter is not None:
+                    by_getter.setdefault((declaration.module, declaration.getter), []).append((declaration, outcome))
+                    continue
+                declared_build.module_level(layer, registrar, declaration, module, outcome)
+            except NotExpressible as fact:
+                outcome.refuse(str(fact))
+            except Exception as error:  # registration itself went wrong: listed, STRICT raises
+                outcome.fail(error)
+        for (module_name, getter), members in by_getter.items():
+            try:
+                declared_build.getter(layer, registrar, members, sys.modules[module_name],
+                                      scan.namespaces[(module_name, getter)])
+            except Exception as error:  # the getter's polyfill went wrong: its ops are not reachable
+                for _, outcome in members:
+                    if outcome.kind in (None, declared_rules.REGISTERED):
+                        outcome.fail(error, f"{getter}'s polyfill: ")
+        if any(outcome.op for outcome in layer.outcomes):
+            _queue_helpers(layer)
+            _install_polyfills(layer)
+    except BaseException:
+        revert(layer)
+        raise
+    layer.state, layer.seconds = "registered", time.perf_counter() - started
+    failed = [outcome for outcome in layer.outcomes if outcome.failed]
+    if failed:
+        message = (f"fp4_dynamo_shim: {len(failed)} of FlashInfer's declared ops failed to register and stay "
+                   "untraceable (status()['flashinfer_ops']['failed']): "
+                   + "; ".join(f"{o.key}: {o.reason}" for o in failed))
+        logger.warning(message)
+        if layer.strict:
+            revert(layer)  # nothing of a refused layer stays: no op, no polyfill
+            raise ApplyError(message)
+
+
+def _on_dynamo_imported(layer: Layer) -> None:
+    """Run from the import of torch._dynamo: a failure there is reported, not raised, unless STRICT (the
+    user's program is importing torch._dynamo, typically in torch.compile)."""
+    try:
+        _register(layer)
+    except Exception as error:
+        layer.state = f"failed: {type(error).__name__}: {error}"
+        logger.warning("fp4_dynamo_shim: FlashInfer's declared ops were not registered: %s", layer.state)
+        if layer.strict:
+            raise
+
+
+def apply(gate: str, strict: bool = False) -> Layer:
+    """The layer ``gate`` selects (``revert`` takes it back). Its work waits for torch._dynamo to be imported,
+    at once when it is: a program that never compiles pays nothing at start-up (reading the declarations
+    costs 20-50 ms for the default gate; ``all`` imports every declaring module, seconds on 0.7.4)."""
+    layer = Layer(gate, "nothing (the gate is off)" if gate == "off" else "not yet", strict=strict)
+    if gate == "off":
+        layer.state = "off"
+        return layer
+    layer.state = "waiting for torch._dynamo to be imported"
+    if "torch._dynamo" in sys.modules:
+        _register(layer)
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(lambda module: _on_dynamo_imported(layer), "torch._dynamo")
+    return layer
+
+
+def _reason_before_building(declaration: declared.Declaration, gate: str, group: str) -> Optional[tuple]:
+    """(kind, reason) for a declaration that is not built at all, or None."""
+    if gate == "sglang" and group != "sglang":
+        return f"off under {declared_rules.GATE_VARIABLE}=sglang (the default): set it to all", declared_rules.GATED_OFF
+    rule = declared_rules.excluded(declaration.module, declaration.getter, declaration.name)
+    if rule is not None:
+        return rule[1], rule[0]
+    if declared_build.already_an_op(declaration.name):
+        return (f"flashinfer::{declaration.name} is already a registered op in this process (FlashInfer's own)",
+                declared_rules.FLASHINFER_OWN)
+    if declaration.scope and declaration.getter is None:
+        return f"declared inside {'.'.join(declaration.scope)}, which no module-level getter returns", \
+            declared_rules.NOT_EXPRESSIBLE
+    if declaration.name is None and declaration.getter is None:
+        return f"op name computed at run time ({declaration.name_source})", declared_rules.NOT_EXPRESSIBLE
+    if declaration.mutates is None:
+        return "mutates_args is not a literal", declared_rules.NOT_EXPRESSIBLE
+    return None
+
+
+def revert(layer: Optional[Layer]) -> None:
+    """Take the polyfills back and destroy the fragment, newest first (a layer still waiting for
+    torch._dynamo stays unregistered: its import hook finds it reverted)."""
+    if layer is None:
+        return
+    layer.pending.clear()
+    layer.state = "reverted"
+    while layer.undo:
+        layer.undo.pop()()
+
+
+def _counts(outcomes) -> dict:
+    return {"declared": len(outcomes), **{kind: sum(o.kind == kind for o in outcomes) for kind in declared_rules.KINDS}}
+
+
+def describe(layer: Optional[Layer]) -> Optional[dict]:
+    """The layer's part of ``status()`` (JSON-serialisable), or None when the shim is not applied."""
+    if layer is None:
+        return None
+    registered = {o.key: o.op for o in layer.outcomes if o.op}
+    fakes = {o.key: o.fake for o in layer.outcomes if o.op and o.fake != "FlashInfer's"}
+    not_registered = {o.key: {"kind": o.kind, "reason": o.reason} for o in layer.outcomes if not o.op}
+    return {
+        "gate": layer.gate, "scanned": layer.scanned, "registered": registered, "not_registered": not_registered,
+        "fakes_not_flashinfers_own": fakes,
+        "failed": sorted(o.key for o in layer.outcomes if o.failed), "helpers": list(layer.helpers),
+        "state": layer.state,
+        "counts": _counts(layer.outcomes),
+        "by_module": {module: _counts([o for o in layer.outcomes if o.module == module])
+                      for module in sorted({o.module for o in layer.outcomes})},
+        "seconds": round(layer.seconds, 3),
+    }

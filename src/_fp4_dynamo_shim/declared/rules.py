@@ -1,0 +1,190 @@
+"""What the declared-ops layer does with each kind of FlashInfer declaration: the gate's groups, the
+declarations it leaves to other layers or out of scope (with the reason), and the argument types it
+carries across an op boundary although ``torch.library.infer_schema`` does not know them.
+
+Data, read by ``declared_ops``; a FlashInfer release that changes any of it changes a record here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Callable, Optional, Tuple
+
+import torch
+
+from _fp4_dynamo_shim import settings as config
+
+GATE_VARIABLE = config.FLASHINFER_OPS
+
+#: The declared functions SGLang's traced paths call raw (issue 20): on under the default gate.
+#: (module, op name after ``flashinfer::``) -> the SGLang call that reaches it.
+SGLANG = {
+    ("flashinfer.norm", "layernorm"): "NSA indexer's LayerNorm (sglang 0.5.9-0.5.12)",
+    ("flashinfer.norm", "rmsnorm_quant"): "FP8 per-tensor RMSNorm with tc_piecewise (sglang 0.5.19-0.5.21)",
+    ("flashinfer.fused_moe.fused_routing_dsv3", "NoAuxTc"): "fused_topk_deepseek (sglang 0.5.9, no shared-expert fusion)",
+}
+
+#: What became of a declaration (status()["flashinfer_ops"]["counts"] counts each).
+REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED = (
+    "registered", "off under the gate", "covered by the FP4 layer", "out of scope", "FlashInfer's own op",
+    "not expressible", "failed")
+KINDS = (REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED)
+
+#: The getter the FP4 layer owns (``preload`` builds it; ``family_ops`` carries its functions).
+FP4_GETTER = "get_fp4_quantization_module"
+#: Declared names inside it that the FP4 family's ops already cover.
+FP4_FAMILY = frozenset({
+    "fp4_quantize_sm100", "fp4_batched_quantize_sm100", "block_scale_interleave_sm100",
+    "e2m1_and_ufp8sf_scale_to_float_sm100", "mxfp4_dequantize_host", "scaled_fp4_grouped_quant_sm100",
+    "silu_and_mul_scaled_nvfp4_experts_quantize_sm100",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class Exclusion:
+    """Declarations left alone on purpose: those whose module starts with ``module`` (and, if given,
+    sit in ``getter``), for ``reason``."""
+
+    module: str
+    reason: str
+    getter: Optional[str] = None
+
+    def matches(self, module: str, getter: Optional[str]) -> bool:
+        inside = module == self.module or module.startswith(self.module + ".")
+        return inside and (self.getter is None or self.getter == getter)
+
+
+EXCLUSIONS = (
+    Exclusion("flashinfer.comm", "distributed communication (process groups, IPC handles, shared workspaces): "
+                                 "outside a single-GPU traced region; out of scope"),
+)
+
+
+def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[Tuple[str, str]]:
+    """(kind, reason) for a declaration left alone by rule, or None."""
+    if getter == FP4_GETTER:
+        if name in FP4_FAMILY:
+            return FP4_LAYER, "covered by the FP4 family (family.py, family_ops.py, ops.py)"
+        return FP4_LAYER, (f"in {FP4_GETTER}, which the FP4 layer owns (preload.py builds it): not registered "
+                           "twice; not part of the FP4 family either")
+    for exclusion in EXCLUSIONS:
+        if exclusion.matches(module, getter):
+            return OUT_OF_SCOPE, exclusion.reason
+    return None
+
+
+def _samples(probs, indices=None, **_):
+    """A sampling function's result: one index per row (or per ``indices`` entry), in ``indices``' dtype."""
+    batch = indices.size(0) if indices is not None else probs.size(0)
+    return torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32, device=probs.device)
+
+
+#: Fakes the shim writes where FlashInfer declared a function that returns a value but wrote no fake:
+#: (module, declared name) -> a function taking the declared function's arguments by keyword. Each is
+#: checked by the GPU tests' opcheck (tests/gpu/test_gpu_declared.py).
+DERIVED_FAKES = {
+    ("flashinfer.sampling", "min_p_sampling_from_probs"): _samples,  # 0.5.3-0.6.3 (0.6.7 wrote the same)
+}
+
+
+def _merged_states(v, s, **_):
+    """merge_states' result, on ``v``'s device."""
+    seq_len, _, num_heads, head_dim = v.size()
+    return (torch.empty(seq_len, num_heads, head_dim, dtype=v.dtype, device=v.device),
+            torch.empty(seq_len, num_heads, dtype=torch.float32, device=v.device))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplacedFake:
+    """A fake FlashInfer wrote wrong, replaced by the shim's while FlashInfer's text still shows the fault."""
+
+    fake: object
+    #: Says, from the text of FlashInfer's fake, whether it is still the wrong one.
+    still_wrong: object
+    fault: str
+
+
+#: (module, declared name) -> ReplacedFake. Found by opcheck on the H200 (tests/gpu/test_gpu_declared.py):
+#: FlashInfer's merge_states fake allocates on the default device, so a compiled graph's fake outputs are
+#: CPU tensors next to CUDA ones (0.5.3-0.7.4, the same text in every release).
+REPLACED_FAKES = {
+    ("flashinfer.cascade", "merge_states"): ReplacedFake(
+        _merged_states, lambda source: "device=" not in source, "FlashInfer's allocates on the default device"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """One parameter type the op schema cannot hold, carried as schema-able parts.
+
+    ``parts``: (suffix, annotation) of the op parameters that carry it; ``pack``: the expression (over the
+    parameter's name ``{n}``) giving those parts in the traced caller; ``unpack``: the expression (over the
+    parts, ``{n}`` and ``{n}__number``) rebuilding the value in the kernel; ``check``: a statement the caller
+    runs first, for values no part can carry.
+    """
+
+    name: str
+    parts: Tuple[Tuple[str, object], ...]
+    pack: str
+    unpack: str
+    check: str = ""
+
+
+_TENSOR_OR = Adapter("tensor or number", (("", Optional[torch.Tensor]), ("__number", Optional[float])),
+                     "{n} if isinstance({n}, _Tensor) else None, None if isinstance({n}, _Tensor) else {n}",
+                     "{n} if {n} is not None else {n}__number")
+_TENSOR_OR_INT = dataclasses.replace(_TENSOR_OR, parts=(("", Optional[torch.Tensor]), ("__number", Optional[int])))
+_NO_GENERATOR = Adapter(
+    "torch.Generator (must be None)", (), "", "None",
+    "if {n} is not None: raise _NotExpressible('{function}: a torch.Generator cannot cross a custom op; under "
+    "torch.compile pass seed/offset (or nothing) instead')")
+
+#: Annotation (as typing compares them: Union order does not matter) -> adapter.
+ADAPTERS = (
+    (typing.Union[float, torch.Tensor], _TENSOR_OR),
+    (typing.Optional[typing.Union[float, torch.Tensor]], _TENSOR_OR),
+    (typing.Union[int, torch.Tensor], _TENSOR_OR_INT),
+    (typing.Optional[typing.Union[int, torch.Tensor]], _TENSOR_OR_INT),
+    (typing.Optional[torch.Generator], _NO_GENERATOR),
+    (torch.Generator, _NO_GENERATOR),
+)
+
+
+def _lookup(table, annotation):
+    for known, adapter in table:
+        try:
+            if annotation == known:
+                return adapter
+        except TypeError:  # an annotation that cannot be compared is in no table
+            continue
+    return None
+
+
+def adapter_for(annotation) -> Optional[Adapter]:
+    return _lookup(ADAPTERS, annotation)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReturnAdapter:
+    """A return type the schema cannot hold: the op returns ``schema_type``; ``to_op`` converts FlashInfer's
+    value (in the kernel and the fake), ``from_op`` converts back in the traced caller."""
+
+    schema_type: object
+    to_op: Callable
+    from_op: str  # an expression over the op's result ``r``
+
+
+def _as_list(result):
+    return [result] if isinstance(result, torch.Tensor) else list(result)
+
+
+RETURN_ADAPTERS = (
+    # sampling: one tensor, or (samples, valid) with return_valid=True
+    (typing.Union[torch.Tensor, typing.Tuple[torch.Tensor, torch.Tensor]],
+     ReturnAdapter(typing.List[torch.Tensor], _as_list, "r[0] if len(r) == 1 else tuple(r)")),
+)
+
+
+def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
+    return _lookup(RETURN_ADAPTERS, annotation)

@@ -1,0 +1,132 @@
+"""Build and load FlashInfer's FP4 JIT module for every visible GPU at apply time.
+
+Doing it here moves the nvcc build, the file lock and ``os.stat`` calls out of
+the traced forward. We go through FlashInfer's own
+``get_fp4_quantization_module(backend)`` so the architecture choice (including
+the ``120f`` family variant) and the build are exactly FlashInfer's, then take
+the raw JIT module out of the closure it returns: calling that module directly
+is what makes the eager path cheaper than FlashInfer's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+from _fp4_dynamo_shim.errors import NoFp4KernelError
+from .releases import Target
+
+logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+
+#: The FP4 quantize kernel body is compiled only for ``__CUDA_ARCH__ >= 1000``.
+FIRST_FP4_MAJOR = 10
+#: Order of the scalars that ``ops.quantize`` hands to a launcher.
+LAUNCH_SCALARS = (
+    "sf_vec_size", "sf_use_ue8m0", "is_sf_swizzled_layout", "is_sf_8x4_layout",
+    "is_global_scale_inversed", "enable_pdl", "nvfp4_4over6_code",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadedDevice:
+    index: int
+    name: str
+    capability: tuple
+    #: FlashInfer's backend key for this GPU ("100", "120", "90", ...).
+    backend: str
+    has_fp4_kernel: bool
+    enable_pdl: bool
+    #: "kernel", "reference", "refuse" or "launch" (the empty kernel, on request).
+    mode: str
+    load_seconds: Optional[float] = None
+
+
+def visible_device_count() -> int:
+    """GPUs visible to torch, without initialising CUDA when there are none."""
+    if not torch.backends.cuda.is_built():
+        return 0
+    return torch.cuda.device_count()
+
+
+def jit_module_of(namespace) -> object:
+    """The raw JIT module captured by ``get_fp4_quantization_module``'s closures."""
+    function = namespace.fp4_quantize_sm100
+    cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
+    return cells["module"].cell_contents
+
+
+def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: bool) -> Callable:
+    """A launcher calling ``module.fp4_quantize`` with the release's argument order (``target.kernel_args``).
+
+    Generated from the table row rather than reordered per call: this sits on the eager hot path.
+    """
+    source = (
+        f"def launch(input, global_scale, out_val, out_sf, {', '.join(LAUNCH_SCALARS)}):\n"
+        "    if enable_pdl is None:\n"
+        "        enable_pdl = enable_pdl_default\n"
+        f"    kernel(input, global_scale, out_val, out_sf, {', '.join(target.kernel_args)})\n"
+    )
+    namespace = {"kernel": kernel, "enable_pdl_default": enable_pdl_default}
+    exec(compile(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", "exec"), namespace)
+    launch = namespace["launch"]
+    launch.direct = (kernel, enable_pdl_default)  # what the replacement's direct path calls (wrapper.py)
+    return launch
+
+
+def make_refusal(device: LoadedDevice) -> Callable:
+    def refuse(input, *args):
+        raise NoFp4KernelError(
+            f"fp4_quantize: {device.name} ({input.device}) is SM{device.backend}; FlashInfer's FP4 quantize kernel is "
+            f"compiled only for SM{FIRST_FP4_MAJOR}0 and newer, and on this GPU it writes nothing (the outputs would "
+            "be uninitialized memory). Set FP4_DYNAMO_SHIM_FALLBACK=reference to run fp4_dynamo_shim's reference "
+            "quantizer on the GPU instead (slow; for testing and development)."
+        )
+
+    return refuse
+
+
+def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, reference_launch: Callable):
+    """Load every visible GPU's module; returns ({index: fp4_quantize launcher}, [LoadedDevice],
+    {index: (FlashInfer's module namespace or None, mode)}).
+
+    The module is built for every GPU FlashInfer has an FP4 module for, SM90 included (its interleave and
+    host-side helpers work there), whatever happens to fp4_quantize on it. A build or load failure
+    propagates, so that apply() can leave FlashInfer untouched.
+    """
+    launchers, devices, namespaces = {}, [], {}
+    for index in range(visible_device_count()):
+        major, minor = torch.cuda.get_device_capability(index)
+        backend = f"{major}{minor}"
+        has_fp4_kernel = major >= FIRST_FP4_MAJOR
+        started = time.perf_counter()
+        try:
+            namespace = get_fp4_quantization_module(backend)
+        except ValueError as error:  # "Invalid backend": FlashInfer has no FP4 module for this GPU at all
+            logger.info("fp4_dynamo_shim: no FlashInfer FP4 module for SM%s (%s)", backend, error)
+            namespace = None
+        seconds = time.perf_counter() - started if namespace is not None else None
+        mode = "kernel" if has_fp4_kernel else {"error": "refuse"}.get(fallback, fallback)
+        if mode == "launch" and namespace is None:
+            mode = "refuse"
+        device = LoadedDevice(index, torch.cuda.get_device_name(index), (major, minor), backend, has_fp4_kernel,
+                              enable_pdl=major >= 9, mode=mode, load_seconds=seconds)
+        if seconds is not None:
+            logger.info("fp4_dynamo_shim: FP4 module for %s (SM%s) built/loaded in %.2f s", device.name, backend, seconds)
+        if mode in ("kernel", "launch"):
+            launchers[index] = make_kernel_launcher(jit_module_of(namespace).fp4_quantize, target, device.enable_pdl)
+            if mode == "launch":
+                logger.warning(
+                    "fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM%s, "
+                    "where it writes nothing; outputs are uninitialized. Use this for benchmarks only.", backend,
+                )
+        elif mode == "reference":
+            launchers[index] = reference_launch
+        else:
+            launchers[index] = make_refusal(device)
+        devices.append(device)
+        namespaces[index] = (namespace, mode)
+    return launchers, devices, namespaces

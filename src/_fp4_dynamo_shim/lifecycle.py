@@ -1,0 +1,342 @@
+"""apply / revert / status: the shim's lifecycle, as one transaction.
+
+``apply()`` is the one gate every route goes through (the import, the hook, sitecustomize, the SGLang
+plugin): it alone reads the kill switch, strict mode and the other settings. It either does everything
+(CUDA version, preloaded modules, rebound ``fp4_quantize`` and family, FlashInfer's own op repaired) or
+leaves FlashInfer exactly as it was and says why. ``revert()`` undoes all of it. Both are idempotent and
+serialised by one lock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import logging
+import os
+import threading
+from typing import Callable, List, Optional
+
+import torch
+
+from . import settings as config
+from . import cuda_version
+from _fp4_dynamo_shim.declared import layer as declared_ops
+from _fp4_dynamo_shim.fp4 import family
+from _fp4_dynamo_shim.fp4 import family_ops
+from _fp4_dynamo_shim.fp4 import flashinfer_op
+from _fp4_dynamo_shim.routes import site_files as hook
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.fp4 import kernels as preload
+from . import rebind
+from _fp4_dynamo_shim.sglang import releases as sglang_releases
+from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from .settings import Settings
+from .errors import ApplyError
+
+logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+
+FLASHINFER_DISTRIBUTION = "flashinfer-python"
+CPP_EXT = "flashinfer.jit.cpp_ext"
+
+
+@dataclasses.dataclass
+class _Applied:
+    flashinfer_version: str
+    target: targets.Target
+    #: (original, replacement) pairs, in the order they were swapped.
+    swaps: List[tuple]
+    bindings: List[rebind.Binding]
+    cuda: cuda_version.CudaVersion
+    devices: List[preload.LoadedDevice]
+    settings: Settings
+    #: FP4 family function -> what the shim did with it in this release.
+    family: dict
+    #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
+    route: str
+    #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by revert().
+    restorers: List[Callable] = dataclasses.field(default_factory=list)
+    #: FlashInfer's declared ops turned on (declared_ops), or None.
+    declared: Optional[declared_ops.Layer] = None
+
+
+_lock = threading.RLock()
+_applied: Optional[_Applied] = None
+_last_problem: Optional[str] = "not applied in this process (apply() has not run)"
+_warned: set = set()
+#: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it), and the
+#: value it replaced (one the hook does not understand), which revert() puts back.
+_exported = False
+_replaced_value: Optional[str] = None
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned and message not in config.startup_warnings:
+        _warned.add(message)
+        logger.warning(message)
+
+
+def flashinfer_version() -> Optional[str]:
+    try:
+        return importlib.metadata.version(FLASHINFER_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _refuse(message: str, settings: Settings, *, warn: bool = True, strict: bool = True,
+            cause: BaseException = None) -> bool:
+    """Record why the shim is not applied, warn once, and raise in strict mode."""
+    global _last_problem
+    _last_problem = message
+    if strict and settings.strict:
+        raise ApplyError(message) from cause
+    if warn:
+        _warn_once(f"fp4_dynamo_shim not applied: {message}")
+    return False
+
+
+def apply(route: str = "apply()") -> bool:
+    """Patch FlashInfer; True when the shim is active afterwards. Safe to call any number of times.
+
+    Returns False, with ``status()["problem"]`` saying why and one warning, when the shim cannot apply
+    (``FP4_DYNAMO_SHIM_DISABLE=1`` is not a warning: it was asked for). With ``FP4_DYNAMO_SHIM_STRICT=1``
+    every refusal and every variable value it does not understand raises :class:`ApplyError` instead.
+    ``route`` is recorded in ``status()["activated_by"]``.
+    """
+    with _lock:
+        if _applied is not None:
+            return True
+        settings = Settings.from_environment()
+        for problem in settings.problems:
+            if settings.strict:
+                _refuse(problem, settings)
+            _warn_once(problem)
+        if settings.disabled:
+            return _refuse(f"{config.DISABLE}=1 is set: the shim is switched off on every route", settings,
+                           warn=False, strict=False)
+        version = flashinfer_version()
+        if version is None:
+            return _refuse("flashinfer-python is not installed", settings, warn=False)
+        target = targets.target_for(version)
+        if target is None:
+            return _refuse(
+                f"flashinfer-python {version} is not supported (supported: {targets.SUPPORTED_RANGE}); "
+                "FlashInfer was left untouched", settings,
+            )
+        try:
+            _apply(version, target, settings, route)
+        except Exception as error:  # anything at all: FlashInfer has already been restored
+            return _refuse(f"{type(error).__name__}: {error}; FlashInfer was left untouched", settings, cause=error)
+        return True
+
+
+def _apply(version: str, target: targets.Target, settings: Settings, route: str) -> None:
+    global _applied, _last_problem
+    try:
+        module = importlib.import_module(target.module)
+        cpp_ext = importlib.import_module(CPP_EXT)
+    except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
+        raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
+    original = module.fp4_quantize
+    if wrapper.is_shim(original):
+        raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")
+    resolved = cuda_version.resolve(settings.cuda_version)
+    new_get, new_at_least = cuda_version.make_replacements(resolved, cpp_ext.get_cuda_version)
+    recipe = wrapper.recipe_for(original, module)
+    replacement = wrapper.build(original, module, recipe, target)
+    family_replaced, family_report = family.build_replacements(version, module, replacement, recipe)
+
+    swaps, bindings, restorers = [], [], []
+
+    def swap(*pairs) -> None:
+        swaps.extend(pairs)
+        bindings.extend(rebind.swap(pairs))
+
+    try:
+        original_get = cpp_ext.get_cuda_version
+        swap((cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get))
+        if hasattr(original_get, "cache_clear"):
+            original_get.cache_clear()
+        launchers, devices, namespaces = preload.load(
+            module.get_fp4_quantization_module, target, settings.fallback, ops.launch_reference
+        )
+        ops.configure(target, launchers)
+        family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
+        swap((original, replacement), *family_replaced.values())
+        restore_op = flashinfer_op.repair(target, module, recipe)
+        if restore_op is not None:
+            restorers.append(restore_op)
+            family_report["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
+        layer = declared_ops.apply(settings.flashinfer_ops, settings.strict)
+        restorers.append(lambda: declared_ops.revert(layer))
+    except BaseException:
+        _undo(swaps, restorers)
+        raise
+    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report, route,
+                        restorers, layer)
+    _last_problem = None
+    logger.info(
+        "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
+        version, route, len(bindings), resolved.version, resolved.source, len(devices),
+    )
+
+
+def _undo(swaps, restorers) -> None:
+    for restore in reversed(restorers):
+        restore()
+    rebind.swap([(new, old) for old, new in reversed(swaps)])
+
+
+def export_for_children() -> None:
+    """Set FP4_DYNAMO_SHIM=1 for child processes (what ``import fp4_dynamo_shim`` promises), unless the user
+    set the variable to a value the hook understands, and warn once if no start-up route would act on it in
+    a child. A value it does not understand would leave every child without the shim: it is replaced, and
+    the warning names it."""
+    global _exported, _replaced_value
+    value = os.environ.get(config.HOOK, "")
+    if not value.strip() or config.switch(config.HOOK)[1]:
+        os.environ[config.HOOK] = "1"
+        _exported, _replaced_value = True, value if value.strip() else None
+        if _replaced_value is not None:
+            _warn_once(f"import fp4_dynamo_shim set {config.HOOK}=1 for child processes in place of "
+                       f"{value!r}, which the import hook does not understand (children would run without "
+                       "the shim); revert() puts it back")
+    routes = hook.installed_routes()
+    if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
+        plugin = sglang_releases.plugin_entry_point()
+        _warn_once(
+            f"import fp4_dynamo_shim exports {config.HOOK}=1 for child processes, but no import hook is installed "
+            f"where they start (no {hook.PACKAGE_PTH} or {hook.HOOK_PTH} in {', '.join(map(str, hook.site_dirs())) or 'any site directory'}"
+            + (f"; {routes['sitecustomize_shadowed_by']} shadows the sitecustomize block" if routes["sitecustomize_shadowed_by"] else "")
+            + "), so spawned workers such as SGLang's schedulers will not apply the shim"
+            + (" (the SGLang plugin still does, on SGLang >= 0.5.11)" if plugin else "")
+            + ". Install the package with pip (a wheel or -e), or run `fp4-dynamo-shim install-hook`; "
+            "`python -m fp4_dynamo_shim.verify` checks a spawned worker."
+        )
+
+
+def user_environment() -> dict:
+    """``os.environ`` as the user set it: without what ``export_for_children()`` changed here."""
+    environment = dict(os.environ)
+    if _exported and environment.get(config.HOOK) == "1":
+        if _replaced_value is None:
+            del environment[config.HOOK]
+        else:
+            environment[config.HOOK] = _replaced_value
+    return environment
+
+
+def revert() -> bool:
+    """Put every rebound name back to FlashInfer's original object and restore FlashInfer's own op
+    registrations; withdraw the FP4_DYNAMO_SHIM=1 that ``import fp4_dynamo_shim`` set for children.
+    Returns True if the shim was applied (and is now reverted), False if there was nothing to revert.
+
+    The custom op stays registered and configured: graphs already compiled or captured with it keep
+    working. Functions compiled through a rebound global recompile on their next call (Dynamo guards
+    on that global) and then trace FlashInfer's original again.
+    """
+    global _applied, _last_problem, _exported, _replaced_value
+    with _lock:
+        if _exported and os.environ.get(config.HOOK) == "1":
+            if _replaced_value is None:
+                del os.environ[config.HOOK]
+            else:
+                os.environ[config.HOOK] = _replaced_value
+        _exported, _replaced_value = False, None
+        if _applied is None:
+            return False
+        _undo(_applied.swaps, _applied.restorers)
+        _applied = None
+        _last_problem = "revert() was called"
+        return True
+
+
+def rebind_modules(modules=None) -> List[rebind.Binding]:
+    """Rebind originals that appeared after apply() (all of sys.modules by default); returns what changed.
+
+    Modules imported after apply() already get the replacements from FlashInfer's patched modules; this is
+    for code that kept an original some other way, and is what the SGLang plugin runs in each worker.
+    """
+    with _lock:
+        if _applied is None:
+            return []
+        found = rebind.swap(_applied.swaps, modules)
+        _applied.bindings.extend(found)
+        return found
+
+
+def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
+    """FlashInfer's own function behind a replacement (``fp4_quantize`` by default)."""
+    with _lock:
+        if _applied is None:
+            return None
+        for old, new in _applied.swaps:
+            if getattr(old, "__name__", None) == name and wrapper.is_shim(new):
+                return old
+        return None
+
+
+#: The keys of ``status()``, always all present (None where not applicable).
+STATUS_KEYS = (
+    "applied", "problem", "disabled", "activated_by", "flashinfer", "supported_flashinfer", "torch", "torch_cuda",
+    "sglang", "fallback", "strict", "warnings", "routes", "children", "target", "op", "family", "rebound",
+    "cuda_version", "devices", "skipped", "flashinfer_ops",
+)
+
+
+def status() -> dict:
+    """What is patched and where, versions, GPUs, routes, and why anything was skipped. JSON-serialisable,
+    with the keys of ``STATUS_KEYS`` always present (None where not applicable)."""
+    with _lock:
+        applied = _applied
+        settings = applied.settings if applied is not None else Settings.from_environment()
+        report = {
+            "applied": applied is not None,
+            "problem": _last_problem,
+            "disabled": settings.disabled,
+            "activated_by": applied.route if applied is not None else None,
+            "flashinfer": flashinfer_version(),
+            "supported_flashinfer": targets.SUPPORTED_RANGE,
+            "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda,
+            "sglang": sglang_releases.describe(),
+            "fallback": settings.fallback,
+            "strict": settings.strict,
+            "warnings": list(settings.problems),
+            "routes": {**hook.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
+            "children": {config.HOOK: os.environ.get(config.HOOK), "exported_by_import": _exported},
+            "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
+            "skipped": None, "flashinfer_ops": None,
+        }
+        if applied is None:
+            return report
+        report.update(
+            target=targets.describe(applied.target),
+            op=f"{ops.NAMESPACE}::{ops.OP_NAME}",
+            family=dict(applied.family),
+            rebound=[str(binding) for binding in applied.bindings],
+            cuda_version=cuda_version.describe(applied.cuda),
+            devices=[dataclasses.asdict(device) for device in applied.devices],
+            skipped=_skipped(applied),
+            flashinfer_ops=declared_ops.describe(applied.declared),
+        )
+        return report
+
+
+def _skipped(applied: _Applied) -> List[str]:
+    """Things the shim deliberately does not do here, with the reason."""
+    skipped = []
+    if not applied.devices:
+        skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
+    for device in applied.devices:
+        if device.mode == "refuse":
+            skipped.append(
+                f"cuda:{device.index} {device.name} SM{device.backend}: no FP4 kernel below SM100, calls raise "
+                "(FP4_DYNAMO_SHIM_FALLBACK=reference runs the reference quantizer there)"
+            )
+        elif device.mode == "reference":
+            skipped.append(f"cuda:{device.index} SM{device.backend}: FlashInfer kernel not used, reference quantizer runs")
+    if applied.cuda.version is None:
+        skipped.append("CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept")
+    return skipped

@@ -1,0 +1,63 @@
+"""Swap one function object for another wherever a module global *is* it.
+
+SGLang and FlashInfer bind ``fp4_quantize`` at import time (``from flashinfer
+import fp4_quantize``, ``... as fp4_quantize_flashinfer``), so patching the
+defining module alone leaves those copies pointing at the original. Matching by
+identity, not by name, catches aliases and never touches a different function
+that happens to be called ``fp4_quantize`` (sgl_kernel's ``scaled_fp4_quant``).
+
+The shim's own modules are never rebound: a reference the shim keeps to an original must stay the
+original, or the replacement ends up calling itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import types
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Binding:
+    module: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+#: The front package and the implementation.
+SHIM_PACKAGES = ("fp4_dynamo_shim", "_fp4_dynamo_shim")
+
+
+def is_shim_module(name: str) -> bool:
+    return name.partition(".")[0] in SHIM_PACKAGES
+
+
+def _module_dicts(modules: Optional[Iterable[types.ModuleType]]):
+    candidates = list(sys.modules.values()) if modules is None else modules
+    for module in candidates:
+        # Only real modules: some libraries park other objects in sys.modules, and touching their
+        # attributes can import things.
+        if isinstance(module, types.ModuleType):
+            namespace = module.__dict__
+            name = namespace.get("__name__", "?")
+            if not is_shim_module(str(name)):
+                yield name, namespace
+
+
+def swap(pairs: Sequence[Tuple[object, object]], modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:
+    """Rebind every module global that is one of the pairs' ``old`` objects to its ``new``; returns what was
+    rebound. One walk over the modules for all pairs: apply() swaps about a dozen functions, and a walk per
+    function took 0.28 of apply()'s 0.33 s in a process with 3,000 modules (and as long again in revert())."""
+    replacements = {id(old): (old, new) for old, new in pairs}
+    rebound = []
+    for module_name, namespace in _module_dicts(modules):
+        found = [(name, value) for name, value in list(namespace.items()) if id(value) in replacements]
+        for name, value in found:
+            old, new = replacements[id(value)]
+            if value is old:
+                namespace[name] = new
+                rebound.append(Binding(module_name, name))
+    return rebound

@@ -1,0 +1,510 @@
+"""The checks ``python -m fp4_dynamo_shim.verify`` runs, one function each.
+
+Each check takes the device ("cpu" or "cuda"), returns one line saying what it showed, raises
+:class:`Skip` when it does not apply here and anything else when it failed. ``verify`` runs them in the
+order of :data:`CHECKS` and prints the results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import List, Optional
+
+import torch
+import torch._dynamo.testing
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.sglang import releases as sglang_releases
+from _fp4_dynamo_shim.sglang import source as sglang_source
+
+
+class Skip(Exception):
+    """A check that does not apply here; the message says why."""
+
+
+def _inputs(rows: int, device: str, columns: int = 256):
+    generator = torch.Generator(device=device).manual_seed(rows)
+    x = torch.randn(rows, columns, device=device, dtype=torch.bfloat16, generator=generator)
+    return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+
+
+def _quantize(x, global_scale):
+    import flashinfer
+
+    return flashinfer.fp4_quantize(x, global_scale)
+
+
+def _mode(device: str) -> Optional[str]:
+    """How fp4_quantize runs on ``device``: "reference" on CPU, else the current GPU's preload mode."""
+    if device == "cpu":
+        return "reference"
+    loaded = {d["index"]: d for d in fp4_dynamo_shim.status()["devices"] or []}
+    entry = loaded.get(torch.cuda.current_device())
+    return entry["mode"] if entry else None
+
+
+def _computes_values(device: str) -> bool:
+    """Whether outputs on ``device`` hold real values (CPU reference, SM100+ kernel, or the reference fallback)."""
+    return _mode(device) in ("kernel", "reference")
+
+
+def _launches(device: str) -> bool:
+    return _mode(device) not in (None, "refuse")
+
+
+class _TraceOnly:
+    """A torch.compile backend that records graphs and evaluates them on fake tensors, launching nothing.
+
+    Used where the GPU has no FP4 kernel and the shim refuses to run it: tracing is still proven.
+    """
+
+    def __init__(self):
+        self.graphs = []
+
+    def __call__(self, graph_module, example_inputs):
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        self.graphs.append(graph_module)
+
+        def run(*args):
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                return graph_module(*args)
+
+        return run
+
+
+def _trace_note(device: str) -> str:
+    return "" if _launches(device) else " (traced on fake tensors: no FP4 kernel runs on this GPU)"
+
+
+def check_trace_static(device: str) -> str:
+    x, scale = _inputs(37, device)
+    backend = _TraceOnly()
+    torch.compile(_quantize, fullgraph=True, backend=backend if not _launches(device) else "eager")(x, scale)
+    if _launches(device):
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(_quantize)(x, scale)
+        graphs, breaks = explanation.graph_count, explanation.graph_break_count
+    else:
+        graphs, breaks = len(backend.graphs), 0  # fullgraph=True: any break would have raised
+    if breaks or graphs != 1:
+        raise AssertionError(f"{graphs} graphs, {breaks} graph breaks")
+    return "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + _trace_note(device)
+
+
+def check_trace_dynamic(device: str) -> str:
+    counter = torch._dynamo.testing.CompileCounterWithBackend(_TraceOnly() if not _launches(device) else "eager")
+    compiled = torch.compile(_quantize, fullgraph=True, backend=counter, dynamic=None)
+    sizes = (2, 17, 300)  # M=1 would be specialised by Dynamo's 0/1 rule, as for any tensor
+    for rows in sizes:
+        x, scale = _inputs(rows, device)
+        torch._dynamo.mark_dynamic(x, 0)
+        compiled(x, scale)
+    if counter.frame_count != 1:
+        raise AssertionError(f"{counter.frame_count} compilations for M in {sizes}; expected 1")
+    return f"dim 0 marked dynamic, M in {sizes}: 1 graph, 0 graph breaks, no recompilation" + _trace_note(device)
+
+
+def check_opcheck(device: str) -> str:
+    from torch.library import opcheck
+
+    x, scale = _inputs(64, device)
+    arguments = (x, scale, 16, False, True, False, False, None, 0)
+    if _computes_values(device):
+        opcheck(ops.fp4_quantize_op, arguments)
+        return f"torch.library.opcheck on {ops.NAMESPACE}::{ops.OP_NAME} ({device}): all tests"
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run")
+    opcheck(ops.fp4_quantize_op, arguments, test_utils=("test_schema", "test_faketensor"))
+    return "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"
+
+
+def check_compiled_matches_eager(device: str) -> str:
+    if not _computes_values(device):
+        raise Skip("no FP4 values on this GPU (SM<100); FP4_DYNAMO_SHIM_FALLBACK=reference makes them")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    for rows in (1, 33, 256):
+        x, scale = _inputs(rows, device)
+        for got, want in zip(compiled(x, scale), _quantize(x, scale)):
+            if got.shape != want.shape or got.stride() != want.stride() or not torch.equal(got, want):
+                raise AssertionError(f"M={rows}: compiled output differs from eager")
+    where = "reference quantizer" if _mode(device) == "reference" else "FlashInfer kernel"
+    return f"inductor output equals eager bitwise for M in (1, 33, 256) ({where})"
+
+
+def check_cuda_graph(device: str) -> str:
+    if device != "cuda":
+        raise Skip("CUDA graphs need a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    compiled = torch.compile(_quantize, fullgraph=True, backend="inductor")
+    x, scale = _inputs(64, device)
+    for _ in range(2):
+        compiled(x, scale)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_outputs = compiled(x, scale)
+    fresh, _ = _inputs(65, device)
+    x.copy_(fresh[:64])
+    graph.replay()
+    torch.cuda.synchronize()
+    if not _computes_values(device):
+        return "captured and replayed (values not compared: the kernel writes nothing on this GPU)"
+    for got, want in zip(static_outputs, _quantize(x, scale)):
+        if not torch.equal(got, want):
+            raise AssertionError("replayed outputs differ from eager on the same inputs")
+    return "captured and replayed; replay outputs equal eager bitwise on fresh inputs"
+
+
+def check_flashinfer_op(device: str) -> str:
+    """FlashInfer's own ``torch.ops.flashinfer.fp4_quantize`` (0.6.12+), repaired by the shim: compiled with
+    fullgraph on row-major, column-major and 3-D input, its outputs' shapes and strides equal the function's
+    (and their values, where this device computes them); on a GPU also captured and replayed."""
+    from _fp4_dynamo_shim.fp4 import flashinfer_op
+
+    if not flashinfer_op.flashinfer_has_op():
+        raise Skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    op = torch.ops.flashinfer.fp4_quantize
+
+    def call(t, s):
+        return op(t, s, 16, False, True, False, None)
+
+    compiled = torch.compile(call, fullgraph=True, backend="inductor")
+    x, scale = _inputs(64, device)
+    compiled(x, scale)  # compiled and warmed up on row-major input before the other layouts and the capture
+    values = _computes_values(device)
+    for name, t in (("row-major", x), ("column-major", x.t().contiguous().t()), ("3-D", x.view(2, 32, -1))):
+        got, want = compiled(t, scale), _quantize(t, scale)
+        for g, w in zip(got, want):
+            if g.shape != w.shape or g.stride() != w.stride() or g.dtype != w.dtype:
+                raise AssertionError(f"{name}: compiled op gives {tuple(g.shape)}/{g.stride()}, the function "
+                                     f"{tuple(w.shape)}/{w.stride()}")
+            if values and not torch.equal(g, w):
+                raise AssertionError(f"{name}: the compiled op's values differ from flashinfer.fp4_quantize's")
+    detail = "compiled with fullgraph (row-major, column-major, 3-D): outputs equal the function's"
+    detail += " bitwise" if values else " in shape, stride and dtype (no FP4 values on this GPU)"
+    if device == "cuda":
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = compiled(x, scale)
+        x.copy_(_inputs(65, device)[0][:64])
+        graph.replay()
+        torch.cuda.synchronize()
+        if values and not all(torch.equal(g, w) for g, w in zip(static, _quantize(x, scale))):
+            raise AssertionError("the op's replayed CUDA graph differs from eager on the same inputs")
+        detail += "; captured and replayed" + (" (replay equals eager)" if values else "")
+    return detail
+
+
+def check_sglang_release(device: str) -> str:
+    """The installed SGLang has a row in the shim's table, and its source (read, not imported) still looks
+    the way that row says: how it binds FlashInfer, its prefill-graph default, its plugin loading, its pins.
+    Fails for a release the table does not know, since whether it needs the shim is then unknown."""
+    import importlib.metadata
+
+    version = sglang_releases.installed_version()
+    if version is None:
+        raise Skip("sglang is not installed")
+    facts = sglang_source.read_release(sglang_source.installed_reader())
+    pins = sglang_source.pins(importlib.metadata.requires("sglang"))
+    problems = sglang_releases.disagreements(version, facts, pins)
+    if problems:
+        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {sglang_releases.describe()['need']}")
+    return sglang_releases.describe()["need"]
+
+
+def check_sglang_compile_path(device: str) -> str:
+    described = sglang_releases.describe()
+    if described.get("installed") is None:
+        raise Skip("sglang is not installed")
+    if not described.get("compile_path_check"):
+        raise Skip(f"sglang {described['installed']}: verify drives SGLang's install_torch_compiled + set_compiled "
+                   "only on 0.5.3.post2-0.5.9" + (f" ({described['note']})" if described["note"] else ""))
+    if device != "cuda":
+        raise Skip("SGLang's piecewise CUDA graph needs a GPU")
+    if not _launches(device):
+        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
+    outcome = sglang.compile_path_check(compare_values=_computes_values(device))
+    if outcome["replays_equal_eager"] is False:
+        raise AssertionError("replays through SGLang's piecewise CUDA graphs differ from eager")
+    if outcome["cuda_graphs_captured"] < len(outcome["capture_sizes"]):
+        raise AssertionError(f"SGLang captured {outcome['cuda_graphs_captured']} CUDA graphs for capture sizes "
+                             f"{outcome['capture_sizes']}")
+    compared = "equal eager" if outcome["replays_equal_eager"] else "not compared (no FP4 values on this GPU)"
+    return (f"sglang {described['installed']} install_torch_compiled + SGLangBackend, capture sizes "
+            f"{outcome['capture_sizes']}: traced, {outcome['cuda_graphs_captured']} CUDA graphs captured, replayed; "
+            f"outputs {compared}")
+
+
+def family_examples(device: str) -> dict:
+    """name -> (args, kwargs): one valid call of each FP4 family function, inputs built on the CPU (the
+    reference) and moved to ``device``, so that building them needs no FP4 kernel."""
+    import flashinfer
+
+    def on(*tensors):
+        return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors)
+
+    x, scale = _inputs(32, "cpu", columns=128)
+    packed, sf = flashinfer.fp4_quantize(x, scale)
+    _, sf_linear = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    w, w_scale = _inputs(64, "cpu", columns=128)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
+    mx_packed, mx_sf = flashinfer.fp4_quantize(x, None, 32, True, False)
+    mx_swizzled = flashinfer.fp4_quantize(x, None, 32, True, True)
+    experts = x[:, :64].reshape(2, 16, 64).contiguous()
+    mask = torch.tensor([16, 9], dtype=torch.int32)
+    return {
+        "nvfp4_quantize": (on(x, scale), {}),
+        "mxfp4_quantize": (on(x), {}),
+        "block_scale_interleave": (on(sf_linear), {}),
+        "e2m1_and_ufp8sf_scale_to_float": ((packed, sf.reshape(-1), 1.0 / scale), {}),  # host functions
+        "mxfp4_dequantize": (on(*mx_swizzled), {}),
+        "mxfp4_dequantize_host": ((mx_packed, mx_sf), {}),
+        "nvfp4_batched_quantize": (on(x.view(2, 16, 128), scale), {}),
+        "scaled_fp4_grouped_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "silu_and_mul_scaled_nvfp4_experts_quantize": (on(experts, mask, torch.tensor([3.0, 5.0])), {}),
+        "mm_fp4": (on(packed, w_packed.t(), sf, w_sf.t(), 1.0 / (scale * w_scale)), {"out_dtype": torch.bfloat16}),
+    }
+
+
+def check_family(device: str) -> str:
+    """Each FP4 family function the shim replaced, called once: a result, the shim's refusal on a GPU with no
+    FP4 kernel, or exactly FlashInfer's own error (what its original function raises for the same call)."""
+    import flashinfer
+
+    from _fp4_dynamo_shim import lifecycle as patching
+    from _fp4_dynamo_shim.errors import NoFp4KernelError
+
+    replaced = [name for name, state in fp4_dynamo_shim.status()["family"].items() if state.startswith("op-backed")]
+    examples = family_examples(device)
+    outcomes = {"result": [], "refused (no FP4 kernel)": [], "FlashInfer's own error": []}
+    for name in replaced:
+        args, kwargs = examples[name]
+        try:
+            getattr(flashinfer, name)(*args, **kwargs)
+            outcomes["result"].append(name)
+            continue
+        except NoFp4KernelError:
+            outcomes["refused (no FP4 kernel)"].append(name)
+            continue
+        except Exception as error:  # compared with FlashInfer's own outcome below
+            shim_error = error
+        try:
+            patching.original_function(name)(*args, **kwargs)
+        except Exception as error:  # FlashInfer's own refusal, the one acceptable error
+            if type(error) is type(shim_error) and str(error) == str(shim_error):
+                outcomes["FlashInfer's own error"].append(f"{name}: {type(error).__name__}: {str(error)[:80]}")
+                continue
+        raise AssertionError(f"{name}: {type(shim_error).__name__}: {str(shim_error)[:200]} "
+                             "(FlashInfer's own function does not raise this)")
+    summary = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in outcomes.items() if names)
+    return f"{len(replaced)} functions called once on {device}: {summary}"
+
+
+def check_flashinfer_ops(device: str) -> str:
+    """FlashInfer's declared ops (issue 20): the gate's counts, and ``flashinfer.norm.layernorm`` (on under every
+    gate but off) traced under fullgraph to the shim's op: on fake CUDA tensors without a GPU, run and compared
+    with eager bitwise on one."""
+    import flashinfer.norm
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    if layer is None or layer["gate"] == "off":
+        raise Skip("FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered")
+    counts = layer["counts"]
+    summary = f"{counts['registered']} of {counts['declared']} declared ops registered (gate {layer['gate']})"
+    if counts["failed"]:
+        raise AssertionError(f"{summary}; failed: {', '.join(layer['failed'])}")
+    if "flashinfer.norm.layernorm" not in layer["registered"]:
+        raise Skip(f"{summary}; flashinfer.norm.layernorm is not among them here")
+
+    def call(x, weight, bias):
+        return flashinfer.norm.layernorm(x, weight, bias, 1e-6)
+
+    if device == "cuda":
+        x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+        weight, bias = torch.randn(128, device="cuda"), torch.randn(128, device="cuda")
+        explanation = torch._dynamo.explain(call)(x, weight, bias)
+        torch._dynamo.reset()
+        same = torch.equal(torch.compile(call, fullgraph=True, backend="inductor")(x, weight, bias),
+                           call(x, weight, bias))
+        if (explanation.graph_count, explanation.graph_break_count) != (1, 0) or not same:
+            raise AssertionError(f"layernorm: {explanation.graph_count} graphs, {explanation.graph_break_count} "
+                                 f"breaks, compiled {'equals' if same else 'differs from'} eager")
+        return f"{summary}; layernorm: 1 graph, 0 breaks, inductor equals eager bitwise"
+    with FakeTensorMode():
+        x = torch.empty(64, 128, device="cuda", dtype=torch.bfloat16)
+        weight, bias = torch.empty(128, device="cuda"), torch.empty(128, device="cuda")
+    backend = _TraceOnly()
+    torch.compile(call, fullgraph=True, backend=backend)(x, weight, bias)
+    ops = {str(n.target) for g in backend.graphs for n in g.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)}
+    if len(backend.graphs) != 1 or not ops:
+        raise AssertionError(f"layernorm: {len(backend.graphs)} graphs, shim ops {sorted(ops)}")
+    return f"{summary}; layernorm traced to {', '.join(sorted(ops))} on fake CUDA tensors (no GPU here)"
+
+
+@contextlib.contextmanager
+def _main_module_hidden():
+    """multiprocessing's spawn re-imports the parent's main module in the child (here verify itself, which
+    imports the shim). SGLang's launcher does not import the shim, so the probe child must not either."""
+    import types
+
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+#: How a spawned worker came to apply the shim (its ``status()["activated_by"]``), in words.
+ACTIVATED_BY = {
+    "pth": "the package's .pth hook",
+    "install-hook": "install-hook's always-on .pth",
+    "sitecustomize": "the sitecustomize hook",
+    "plugin": "the SGLang plugin",
+}
+
+
+@contextlib.contextmanager
+def _environment(variables: dict):
+    """``os.environ`` is ``variables`` inside the block: a spawned child copies the environment when it starts."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _start_probe(context, variables: dict, run_plugins: bool):
+    import fp4_dynamo_shim_hook
+
+    queue = context.Queue()
+    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
+    with _main_module_hidden(), _environment(variables):
+        process.start()
+    return process, queue
+
+
+def _probe_report(process, queue) -> dict:
+    try:
+        return queue.get(timeout=600)
+    finally:
+        process.join(timeout=60)
+
+
+def _outcome(report: dict) -> str:
+    if report.get("active"):
+        return "applied by " + ACTIVATED_BY.get(report["activated_by"], str(report["activated_by"]))
+    return "NOT applied" + (f" ({report['error']})" if report.get("error") else "")
+
+
+def check_worker_activation(device: str) -> str:
+    """What the user's own launch gets in its workers. Two children are started the way SGLang starts its
+    schedulers (multiprocessing spawn, no import of the shim there, SGLang's plugins loaded where the installed
+    release loads them): one with this environment minus what verify or ``import fp4_dynamo_shim`` set here,
+    as a plain ``python -m sglang.launch_server`` starts, and one with FP4_DYNAMO_SHIM=1 added. The verdict is
+    :func:`worker_verdict`'s."""
+    import multiprocessing
+
+    import fp4_dynamo_shim_hook
+    from _fp4_dynamo_shim import lifecycle as patching
+
+    state = fp4_dynamo_shim.status()
+    if state["disabled"]:
+        raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
+    variable = fp4_dynamo_shim_hook.HOOK_VARIABLE
+    version = sglang_releases.installed_version()
+    release = sglang_releases.release_for(version)
+    run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
+    plain = patching.user_environment()
+    context = multiprocessing.get_context("spawn")
+    started = [_start_probe(context, variables, run_plugins) for variables in (plain, {**plain, variable: "1"})]
+    plain_report, variable_report = [_probe_report(*probe) for probe in started]
+
+    enabled, problem = fp4_dynamo_shim_hook.switch(variable, plain)
+    routes = state["routes"]
+    asked = [reason for reason, present in (
+        (f"{variable}={plain.get(variable)!r}" + (" (not understood)" if problem else ""), enabled or problem),
+        (f"an always-on hook ({routes['hook_pth'] or routes['sitecustomize']})",
+         routes["hook_pth"] or routes["sitecustomize"]),
+    ) if present]
+    passed, detail = worker_verdict(plain_report, variable_report, asked, version)
+    if not passed:
+        raise AssertionError(detail)
+    return detail
+
+
+def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_version: Optional[str]) -> tuple:
+    """(passed, what to print) from the two probe workers' reports: it fails where the plain launch's worker
+    runs without the shim although ``asked`` names what asks for it (FP4_DYNAMO_SHIM, an always-on hook) or
+    the installed SGLang needs it, and where no route reaches a worker at all."""
+    variable = "FP4_DYNAMO_SHIM"
+    release = sglang_releases.release_for(sglang_version)
+    needed = sglang_releases.needs_shim(release)
+    if sglang_version is None:
+        sglang_line = "sglang not installed"
+    elif needed:
+        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers ("
+                       f"{sglang_releases.describe_prefill_graph(release)})"
+                       + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
+    elif release is None:
+        sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"
+    else:
+        sglang_line = (f"sglang {sglang_version} does not need it on a plain launch ("
+                       f"{sglang_releases.describe_prefill_graph(release)}; FlashInfer's FP4 calls are not traced raw there)")
+    detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): {_outcome(plain)}; "
+              f"with {variable}=1: {_outcome(with_variable)}; {sglang_line}")
+    see = "see docs/usage.md, \"Is it active in my SGLang workers?\""
+    if plain.get("active"):
+        return True, detail
+    if not with_variable.get("active"):
+        return False, (f"{detail}. No route reaches a spawned worker here (a .pth runs only from an installed "
+                       f"package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
+    if asked or needed:
+        return False, (f"{detail}. Start the launch with {variable}=1 (checked above: that works), or run "
+                       f"`fp4-dynamo-shim install-hook`; {see}")
+    return True, f"{detail}; nothing here asks a plain launch for the shim"
+
+
+def check_baseline(device: str) -> str:
+    """Show FlashInfer's own function failing under fullgraph (what the shim fixes)."""
+    if device != "cuda":
+        raise Skip("the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)")
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    try:
+        x, scale = _inputs(16, device)
+        torch.compile(_quantize, fullgraph=True, backend="eager")(x, scale)
+    except Exception as error:  # the point of this check is to show it
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return f"unpatched: {type(error).__name__}: {first_line[:160]} (expected; the shim fixes this)"
+    finally:
+        torch._dynamo.reset()
+        fp4_dynamo_shim.apply()
+    raise AssertionError("the unpatched function compiled under fullgraph; the shim is not needed here")
+
+
+CHECKS: List[tuple] = [
+    ("trace-static", check_trace_static),
+    ("trace-dynamic", check_trace_dynamic),
+    ("opcheck", check_opcheck),
+    ("compiled-vs-eager", check_compiled_matches_eager),
+    ("cuda-graph", check_cuda_graph),
+    ("flashinfer-op", check_flashinfer_op),
+    ("sglang-release", check_sglang_release),
+    ("sglang-compile", check_sglang_compile_path),
+    ("family", check_family),
+    ("flashinfer-ops", check_flashinfer_ops),
+    ("worker-activation", check_worker_activation),
+]

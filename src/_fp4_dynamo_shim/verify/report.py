@@ -1,0 +1,216 @@
+"""python -m fp4_dynamo_shim.verify: does the shim work on this machine, and in its SGLang workers?
+
+Applies the shim, prints the environment, what was patched, then one line per check. Exit code 0 when
+every check passed or was skipped, 1 when one failed, 2 when the shim could not apply (or is switched
+off; the failed apply is the one check then), 3 for a usage error. --json prints one JSON document instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import platform
+import sys
+import time
+import traceback
+from typing import Callable, List, Optional
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.cli import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK, Parser
+
+#: What ``status()["activated_by"]`` says when verify applied the shim itself.
+ROUTE = "verify"
+
+
+@dataclasses.dataclass
+class Result:
+    name: str
+    result: str  # "pass", "fail", "skip" or "info"
+    detail: str
+    seconds: float
+
+
+def run_check(name: str, check: Callable, device: str) -> Result:
+    import torch
+
+    from .checks import Skip
+
+    started = time.perf_counter()
+    try:
+        detail, result = check(device), "pass"
+    except Skip as skip:
+        detail, result = str(skip), "skip"
+    except Exception as error:
+        lines = traceback.format_exception_only(type(error), error)
+        detail, result = "".join(lines).strip().splitlines()[0][:1000], "fail"
+    finally:
+        torch._dynamo.reset()
+    if name == "baseline" and result == "pass":
+        result = "info"
+    return Result(name, result, detail, round(time.perf_counter() - started, 2))
+
+
+def environment() -> dict:
+    import torch
+
+    status = fp4_dynamo_shim.status()
+    gpus = []
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            major, minor = torch.cuda.get_device_capability(index)
+            gpus.append({"index": index, "name": torch.cuda.get_device_name(index), "arch": f"SM{major}{minor}",
+                         "fp4_kernel": major >= 10})
+    jit_cache = None
+    with contextlib.suppress(Exception):
+        from flashinfer.jit import env as jit_env
+
+        jit_cache = str(jit_env.FLASHINFER_JIT_DIR)
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpus": gpus,
+        "flashinfer": status["flashinfer"],
+        "supported_flashinfer": status["supported_flashinfer"],
+        "sglang": status["sglang"],
+        "fp4_dynamo_shim": fp4_dynamo_shim.__version__,
+        "jit_cache": jit_cache,
+    }
+
+
+def apply_shim() -> Result:
+    """Apply the shim here (this process's import did not), as the check named "apply": it fails with the
+    refusal, ``FP4_DYNAMO_SHIM_STRICT=1``'s :class:`ApplyError` included, and is skipped for the kill switch."""
+    from _fp4_dynamo_shim.errors import ApplyError
+
+    started = time.perf_counter()
+    try:
+        applied = fp4_dynamo_shim.apply(route=ROUTE)
+        problem = fp4_dynamo_shim.status()["problem"]
+    except ApplyError as error:
+        applied, problem = False, f"ApplyError: {error}"
+    result = "pass" if applied else "skip" if fp4_dynamo_shim.status()["disabled"] else "fail"
+    return Result("apply", result, "applied" if applied else problem, round(time.perf_counter() - started, 2))
+
+
+def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
+    """Rebound names grouped by module; without ``verbose``, by top-level package and public names only."""
+    by_module: dict = {}
+    for binding in rebound:
+        module, _, name = binding.rpartition(".")
+        by_module.setdefault(module, []).append(name)
+    if verbose:
+        return [f"    {module}: {', '.join(sorted(names))}" for module, names in sorted(by_module.items())]
+    by_package: dict = {}
+    for module, names in by_module.items():
+        modules, public = by_package.setdefault(module.split(".")[0], (set(), set()))
+        modules.add(module)
+        public.update(name for name in names if not name.startswith("_"))
+    return [f"    {package}: {len(modules)} module(s): {', '.join(sorted(public)) or '(private names only)'}"
+            for package, (modules, public) in sorted(by_package.items())]
+
+
+def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, verbose: bool = False) -> None:
+    print(f"fp4-dynamo-shim {env['fp4_dynamo_shim']} verify")
+    print("environment")
+    print(f"  python       {env['python']}")
+    print(f"  torch        {env['torch']} (CUDA {env['cuda']})")
+    for gpu in env["gpus"] or [None]:
+        if gpu is None:
+            print("  gpu          none visible")
+        else:
+            kernel = "yes" if gpu["fp4_kernel"] else "no (Blackwell SM100+ only)"
+            print(f"  gpu          cuda:{gpu['index']} {gpu['name']} {gpu['arch']}, FP4 quantize kernel: {kernel}")
+    print(f"  flashinfer   {env['flashinfer']} (supported: {env['supported_flashinfer']})")
+    sglang_info = env["sglang"]
+    print(f"  sglang       {sglang_info['need'] or 'not installed'}"
+          + (f" ({sglang_info['note']})" if sglang_info["note"] else ""))
+    print(f"  jit cache    {env['jit_cache']}")
+    if status["applied"]:
+        cuda = status["cuda_version"]
+        print(f"shim applied: CUDA version {cuda['value']} (from {cuda['source']}), "
+              f"fallback={status['fallback']}, op {status['op']}")
+        for device in status["devices"]:
+            load = f", loaded in {device['load_seconds']:.1f} s" if device["load_seconds"] is not None else ""
+            print(f"  cuda:{device['index']} SM{device['backend']}: {device['mode']}{load}")
+        print(f"  activated by {status['activated_by']}; {len(status['rebound'])} names rebound"
+              + ("" if verbose else " (--verbose lists each module)"))
+        for line in _rebound_lines(status["rebound"], verbose):
+            print(line)
+        for name, state in status["family"].items():
+            print(f"  family: {name}: {state}")
+        layer = status["flashinfer_ops"]
+        if layer is not None:
+            print(f"  flashinfer ops (FP4_DYNAMO_SHIM_FLASHINFER_OPS={layer['gate']}): {layer['state']}; "
+                  f"{layer['counts']['registered']} of {layer['counts']['declared']} declarations registered")
+        for skipped in status["skipped"]:
+            print(f"  skipped: {skipped}")
+    else:
+        print(f"shim NOT applied: {status['problem']}")
+    routes = {name: path for name, path in status["routes"].items() if path}
+    print("routes installed: " + (", ".join(f"{name} ({path})" for name, path in routes.items()) or "none"))
+    for warning in status["warnings"]:
+        print(f"  warning: {warning}")
+    if results:
+        print("checks")
+        for result in results:
+            print(f"  {result.result.upper():4}  {result.name:18} {result.detail} [{result.seconds:.1f} s]")
+    counts = {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip")}
+    print(f"summary: {counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped; exit {exit_code}")
+
+
+def json_document(env: dict, status: dict, device: str, results: List[Result], exit_code: int) -> dict:
+    """What ``--json`` prints (docs/usage.md describes each key)."""
+    return {
+        "environment": env,
+        "status": status,
+        "device": device,
+        "checks": [dataclasses.asdict(r) for r in results],
+        "summary": {kind: sum(r.result == kind for r in results) for kind in ("pass", "fail", "skip", "info")},
+        "exit_code": exit_code,
+    }
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = Parser(prog="fp4-dynamo-shim verify", description=__doc__.split("\n\n")[0],
+                    epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    parser.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
+    parser.add_argument("--verbose", action="store_true", help="list every rebound name by module")
+    parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}")
+    options = parser.parse_args(argv)
+    import torch  # after parsing: --help and --version load nothing
+
+    from .checks import CHECKS, check_baseline
+
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no GPU visible")
+
+    results: List[Result] = [apply_shim()]
+    env = environment()
+    status = fp4_dynamo_shim.status()
+    if not status["applied"]:
+        exit_code = EXIT_NOT_APPLIED
+    else:
+        results.clear()  # applied: the header says so; the checks follow
+        for name, check in CHECKS:
+            if not options.json:
+                print(f"  running {name} ...", file=sys.stderr, flush=True)
+            results.append(run_check(name, check, device))
+        if options.baseline:
+            results.append(run_check("baseline", check_baseline, device))
+        exit_code = EXIT_CHECK_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
+        status = fp4_dynamo_shim.status()
+
+    if options.json:
+        print(json.dumps(json_document(env, status, device, results, exit_code), indent=2))
+    else:
+        _print_text(env, status, results, exit_code, options.verbose)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""The shim calls FlashInfer's JIT-module entry with exactly the arguments FlashInfer's own path passes.
+
+Both sides are called the way users call them: FlashInfer's ``fp4_quantize`` with the shim reverted, and
+the public (shimmed) ``flashinfer.fp4_quantize`` with the launcher that ``apply()`` built through
+``preload.load``. Stand-ins, because there is no GPU here: the JIT module itself (a recorder, since
+building it needs nvcc and a GPU); the device queries both sides make (one visible GPU, compute
+capability 10.0, PDL supported), which are what an SM100 machine answers; and CPU tensors take that
+GPU's launcher (they cannot be CUDA tensors here). Everything between is the real code of both sides.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import flashinfer
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.fp4 import kernels as preload
+
+
+class RecordingModule:
+    """Stands in for the built JIT module: records every ``fp4_quantize`` call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def fp4_quantize(self, *arguments):
+        self.calls.append(arguments)
+
+
+class RecordingSpec:
+    def __init__(self, module):
+        self.module = module
+
+    def build_and_load(self):
+        return self.module
+
+
+@pytest.fixture(params=["direct", "general"])
+def recording_flashinfer(request, unpatched, monkeypatch):
+    """``direct``: CPU tensors also take the replacement's direct path (the stand-in GPU's kernel entry,
+    counted); ``general``: only the general path through ``ops.quantize`` and the launcher."""
+    original = flashinfer.fp4_quantize
+    module = sys.modules[original.__module__]
+    recorder = RecordingModule()
+    monkeypatch.setattr(module, "gen_fp4_quantization_sm100_module", lambda: RecordingSpec(recorder))
+    monkeypatch.setattr(module, "get_compute_capability", lambda device: (10, 0))
+    monkeypatch.setattr(module, "device_support_pdl", lambda device: True)
+    monkeypatch.setattr(preload, "visible_device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (10, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in SM100")
+    module.get_fp4_quantization_module.cache_clear()
+    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+    assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
+    monkeypatch.setitem(ops._launchers, -1, ops._launchers[0])  # CPU tensors take the stand-in GPU's launcher
+    recorder.direct_calls = 0
+    if request.param == "direct":
+        kernel, enable_pdl_default = ops._direct_kernels[0]
+
+        def counted(*arguments):
+            recorder.direct_calls += 1
+            kernel(*arguments)
+
+        monkeypatch.setitem(ops._direct_kernels, -1, (counted, enable_pdl_default))
+    recorder.mode = request.param
+    yield original, recorder
+    fp4_dynamo_shim.revert()
+    module.get_fp4_quantization_module.cache_clear()
+
+
+def describe(argument):
+    if isinstance(argument, torch.Tensor):
+        data = argument.tolist() if argument.dtype != torch.uint8 or argument.numel() < 4096 else None
+        return ("tensor", tuple(argument.shape), argument.stride(), argument.dtype,
+                argument.untyped_storage().nbytes(), data if argument.dtype != torch.uint8 else None)
+    return (type(argument).__name__, argument)
+
+
+CASES = [
+    dict(),
+    dict(enable_pdl=False),
+    dict(enable_pdl=True),
+    dict(is_sf_swizzled_layout=False),
+    dict(is_sf_8x4_layout=True),
+    dict(sf_vec_size=32, sf_use_ue8m0=True),
+    dict(column_major=True),
+    dict(three_d=True, is_sf_swizzled_layout=False),
+    dict(dtype=torch.float8_e4m3fn),
+    dict(rows=300),
+    dict(is_global_scale_inversed=True),
+    # 0.7.1+: an explicit nvfp4_4over6=None takes the replacement's fast path (the default sentinel does not).
+    dict(nvfp4_4over6=None),
+    dict(nvfp4_4over6=None, enable_pdl=False),
+    dict(nvfp4_4over6=None, is_sf_swizzled_layout=False, is_global_scale_inversed=True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "defaults")
+def test_kernel_entry_receives_identical_arguments(case, recording_flashinfer):
+    original, recorder = recording_flashinfer
+    missing = set(case) - set(inspect.signature(original).parameters) - {"rows", "dtype", "column_major", "three_d"}
+    if missing:
+        pytest.skip(f"this FlashInfer's fp4_quantize has no {', '.join(sorted(missing))}")
+    case = dict(case)
+    rows, dtype = case.pop("rows", 5), case.pop("dtype", torch.bfloat16)
+    column_major, three_d = case.pop("column_major", False), case.pop("three_d", False)
+    torch.manual_seed(0)
+    x = torch.randn(rows, 128).to(dtype)
+    if column_major:  # quantized along its first dimension, so that one holds the 128
+        x = torch.randn(rows, 128).to(dtype).t()
+    if three_d:
+        x = torch.randn(3, rows, 64).to(dtype)
+    global_scale = torch.tensor([2.0])
+
+    expected_outputs = original(x, global_scale, **case)
+    shim_outputs = flashinfer.fp4_quantize(x, global_scale, **case)
+    (expected, actual) = recorder.calls
+    bound = inspect.signature(original).bind(x, global_scale, **case)
+    bound.apply_defaults()
+    arguments = bound.arguments
+    # The direct path is for the call SGLang makes: NVFP4, swizzled 128x4, row-major (and, on 0.7.1+, an
+    # explicit nvfp4_4over6=None: the default sentinel reads the environment through FlashInfer first).
+    takes_direct_path = recorder.mode == "direct" and not column_major and arguments["sf_vec_size"] == 16 and (
+        not arguments["sf_use_ue8m0"] and arguments["is_sf_swizzled_layout"] and not arguments["is_sf_8x4_layout"]
+        and arguments.get("nvfp4_4over6") is None)
+    assert recorder.direct_calls == int(takes_direct_path)
+    # Inputs and scalars: identical. Output buffers (positions 2 and 3): same bytes, dtype and contiguity.
+    # The shim allocates them in the shape it returns (saving a view per eager call); every release's
+    # kernel entry reads only their data pointers, so their shape is not part of the call.
+    assert [describe(a) for i, a in enumerate(actual) if i not in (2, 3)] == [
+        describe(e) for i, e in enumerate(expected) if i not in (2, 3)]
+    for position in (2, 3):
+        got, want = actual[position], expected[position]
+        assert (got.numel(), got.dtype, got.is_contiguous(), got.untyped_storage().nbytes()) == (
+            want.numel(), want.dtype, want.is_contiguous(), want.untyped_storage().nbytes())
+    assert [describe(o)[:4] for o in shim_outputs] == [describe(e)[:4] for e in expected_outputs]

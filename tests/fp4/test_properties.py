@@ -1,0 +1,546 @@
+"""Property tests: every public function's parameter space against the independent oracle, and eager
+against compiled.
+
+Shapes with K/16 % 4 in {0, 1, 2, 3} and M in {0, 1, 127, 129}, global scales over the whole float32 range
+(negative, subnormal, zero, infinite, NaN), every layout flag, every kernel mode each release has (fast
+math x 4over6 x MAE/MSE x fast error, set through the switches the kernel reads, in mixed case and with
+unknown values), NaN/inf/subnormal elements and FP8 input. The installed release runs through
+``flashinfer.fp4_quantize``; every other release's row of ``targets.py`` through the reference it selects
+(``_fp4_dynamo_shim.fp4.reference.quantize`` with the row's arithmetic), against the oracle's own reading of that
+release. Examples are fixed (``derandomize``); the "ci" profile bounds their number, "long" is the longer
+run (docs/testing.md).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import flashinfer
+import numpy
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import fp4_dynamo_shim
+import fp4_dynamo_shim_hook as startup
+import fp4_oracle
+from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
+from _fp4_dynamo_shim.fp4 import layout
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import kernels as preload
+from _fp4_dynamo_shim.fp4 import reference
+from _fp4_dynamo_shim.fp4 import releases as targets
+from helpers import installed_target
+
+INSTALLED = fp4_oracle.release_of(patching.flashinfer_version())
+#: One version per range of releases whose kernel arithmetic differs (and the rows before any switch).
+ROW_VERSIONS = ("0.6.11", "0.6.12", "0.6.13", "0.7.1", "0.7.4")
+SWITCHES = ("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_NVFP4_4OVER6",
+            "FLASHINFER_NVFP4_4OVER6_ERR_MODE", "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH")
+
+
+# --- strategies -------------------------------------------------------------------------------------------
+
+def _f32(value: float) -> float:
+    return float(numpy.float32(value))
+
+
+#: Element values: ordinary ones, the e2m1 grid and its midpoints (ties), and the edges.
+SPECIAL = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 2.0 ** -130, -(2.0 ** -133), 2.0 ** -24, 65504.0,
+           0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -6.0, 448.0, 3.0e38]
+elements = st.one_of(
+    st.floats(-8.0, 8.0, width=32),
+    st.sampled_from(SPECIAL),
+    st.builds(lambda m, e: m * 2.0 ** e, st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -1.0, -4.0]),
+              st.integers(-20, 20)),
+)
+global_scales = st.one_of(
+    st.floats(width=32),  # the whole range: negative, subnormal, zero, inf, NaN
+    st.floats(2.0 ** -10, 8192.0, width=32),
+    st.sampled_from([1.0, 2688.0, 2.0 ** -12, 1.7, 14.517072677612305]),
+)
+dtypes = st.sampled_from([torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+
+
+@st.composite
+def matrices(draw, sf_vec_size=16, rows=None, max_blocks=5, dtype=None):
+    """(tensor, its exact element values as floats): K = sf_vec_size * blocks, blocks % 4 covering 0-3."""
+    row_count = draw(rows if rows is not None else st.sampled_from([0, 1, 2, 3, 5, 127, 129]))
+    blocks = draw(st.integers(1, max_blocks if row_count < 100 else 3))
+    dtype = draw(dtypes) if dtype is None else dtype
+    columns = blocks * sf_vec_size
+    if row_count > 8:  # large M: a repeated random row keeps the oracle fast; rows differ by a sign flip
+        base = draw(st.lists(elements, min_size=columns, max_size=columns))
+        values = [[v if (r + i) % 3 else -v for i, v in enumerate(base)] for r in range(row_count)]
+    else:
+        values = draw(st.lists(st.lists(elements, min_size=columns, max_size=columns), min_size=row_count,
+                               max_size=row_count))
+    x = torch.tensor(values, dtype=torch.float32).reshape(row_count, columns)
+    if dtype is torch.float8_e4m3fn:
+        x = x.clamp(-448, 448)  # float8_e4m3fn has no inf; NaN stays NaN
+    x = x.to(dtype)
+    return x, x.float().tolist()
+
+
+def environments(release_switches=SWITCHES):
+    """The switch variables as a user might set them: "1", other spellings the kernel does not accept."""
+    value = st.sampled_from(["1", "0", "true", "TRUE", " 1", "1 ", "yes"])
+    mode = st.sampled_from(["MAE", "mse", "MsE", "mae", "median"])
+    return st.fixed_dictionaries({}, optional={
+        **{name: value for name in release_switches if not name.endswith("ERR_MODE")},
+        "FLASHINFER_NVFP4_4OVER6_ERR_MODE": mode,
+    })
+
+
+# --- helpers ----------------------------------------------------------------------------------------------
+
+def expected_sf(scales, rows, sf_columns, swizzled, is_8x4):
+    """The scale-factor output of the installed release, as a flat list, from the oracle's row grid."""
+    if not swizzled:
+        return [byte for row in scales for byte in row]
+    return fp4_oracle.swizzled(scales, sf_columns, is_8x4)
+
+
+def oracle_mode(release, environ, code=None):
+    if code is None or code == 0 and release not in ("0.7.1", "0.7.4"):
+        return fp4_oracle.mode_from_environment(release, environ)
+    return fp4_oracle.mode_from_code(release, code, environ)
+
+
+# --- fp4_quantize of the installed release against the oracle ----------------------------------------------
+
+@given(data=st.data(), swizzled=st.booleans(), is_8x4=st.booleans(), inversed=st.booleans(),
+       nvfp4=st.booleans(), g=global_scales)
+def test_fp4_quantize_matches_the_oracle(data, swizzled, is_8x4, inversed, nvfp4, g, monkeypatch):
+    for name in SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    sf_vec_size = 16 if nvfp4 else 32
+    x, values = data.draw(matrices(sf_vec_size))
+    rows, columns = x.shape
+    with_scale = nvfp4 or data.draw(st.booleans())  # MXFP4 takes None (the kernel then reads 1)
+    scale = torch.tensor([g], dtype=torch.float32) if with_scale else None
+    packed, sf = flashinfer.fp4_quantize(x, scale, sf_vec_size, not nvfp4, swizzled, is_8x4, inversed)
+    want_packed, want_scales = fp4_oracle.quantize(values, [g] if with_scale else None, sf_vec_size, not nvfp4,
+                                                   x.dtype == torch.float8_e4m3fn, inversed, release=INSTALLED)
+    sf_columns = columns // sf_vec_size
+    tile = 8 if is_8x4 else 128
+    padded = -(-sf_columns // 4) * 4
+    if swizzled:
+        assert sf.shape == (-(-rows // tile) * tile, padded)  # 0.7.4: (-1, round_up(K/sfv, 4))
+    else:
+        assert sf.shape == (rows, sf_columns)
+    assert packed.shape == (rows, columns // 2) and packed.dtype == sf.dtype == torch.uint8
+    assert packed.tolist() == want_packed
+    assert sf.reshape(-1).tolist() == expected_sf(want_scales, rows, sf_columns, swizzled, is_8x4)
+
+
+@given(data=st.data(), g=st.lists(global_scales, min_size=1, max_size=1))
+def test_a_row_wise_global_scale_scales_each_row_by_its_own_value(data, g):
+    if not installed_target().row_wise_global_scale:
+        pytest.skip("this FlashInfer takes one global scale")
+    x, values = data.draw(matrices(16, rows=st.sampled_from([1, 2, 3, 5]), dtype=torch.bfloat16))
+    scales = data.draw(st.lists(global_scales, min_size=x.shape[0], max_size=x.shape[0]))
+    packed, sf = flashinfer.fp4_quantize(x, torch.tensor(scales, dtype=torch.float32), is_sf_swizzled_layout=False)
+    want = fp4_oracle.quantize(values, [_f32(s) for s in scales], 16, False, release=INSTALLED)
+    assert (packed.tolist(), sf.tolist()) == want
+
+
+# --- every release row's arithmetic and switches, through the reference it selects -------------------------
+
+@pytest.mark.parametrize("version", ROW_VERSIONS)
+@given(data=st.data(), g=global_scales, inversed=st.booleans())
+def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, data, g, inversed):
+    release = fp4_oracle.release_of(version)
+    arithmetic = targets.target_for(version).arithmetic
+    environ = data.draw(environments())
+    code = None
+    if arithmetic.four_over_six == "code":  # 0.7.1+: the code FlashInfer's Python passes (-1: the environment)
+        code = data.draw(st.sampled_from([-1, 0, 1, 5, 17, 21, 3, 2, 8, 33]))
+    nvfp4 = data.draw(st.booleans())
+    x, values = data.draw(matrices(16 if nvfp4 else 32, rows=st.sampled_from([1, 2, 3]), max_blocks=3))
+    fp8 = x.dtype == torch.float8_e4m3fn
+    try:
+        want_mode = oracle_mode(release, environ, code)
+    except ValueError:
+        with pytest.raises(ValueError):
+            fp4_arithmetic.recipe(arithmetic, code or 0, environ)
+        return
+    if fp8 or not nvfp4:  # only NVFP4 from 16-bit input has 4over6 (FlashInfer passes code 0 for the rest)
+        assume(code in (None, 0, -1))
+        want_mode = fp4_oracle.Mode(want_mode.fast_math)
+        code = 0 if code is not None else None
+    recipe = fp4_arithmetic.recipe(arithmetic, code or 0, environ)
+    packed, sf = reference.quantize(x, torch.tensor([g]), 16 if nvfp4 else 32, not nvfp4, inversed, recipe=recipe)
+    want = fp4_oracle.quantize(values, [g], 16 if nvfp4 else 32, not nvfp4, fp8, inversed, want_mode, release)
+    assert (packed.tolist(), sf.tolist()) == want
+    assert packed.dtype == sf.dtype == torch.uint8
+
+
+def _battery_values(rng, blocks, size):
+    """One row: each block ordinary (its own magnitude), all zero, all NaN, subnormal-small, or near the top of
+    bf16, with specials sprinkled in."""
+    specials = [0.0, -0.0, float("nan"), float("inf"), -float("inf"), 2.0 ** -130, 2.0 ** -24, 448.0, 0.25, 0.75,
+                2.5, 5.0, 6.0]
+    row = []
+    for _ in range(blocks):
+        kind = rng.choice(["ordinary"] * 6 + ["zero", "nan", "tiny", "huge"])
+        magnitude = {"tiny": 2.0 ** -131, "huge": 2.0 ** 120}.get(kind, 2.0 ** rng.randint(-14, 14))
+        for _ in range(size):
+            if kind in ("zero", "nan"):
+                row.append(0.0 if kind == "zero" else float("nan"))
+            else:
+                row.append(rng.choice(specials) if rng.random() < 0.1 else rng.gauss(0.0, 1.0) * magnitude)
+    return row
+
+
+def _battery_call(case):
+    """(reference bytes, oracle bytes) of one call given as plain data (a battery entry, or one from
+    tests/data/fp4_cases.json)."""
+    release, arithmetic = fp4_oracle.release_of(case["version"]), targets.target_for(case["version"]).arithmetic
+    x = torch.tensor(case["values"], dtype=torch.float32).reshape(case["rows"], -1)
+    dtype = getattr(torch, case["dtype"])
+    x = (x.clamp(-448, 448) if dtype is torch.float8_e4m3fn else x).to(dtype)
+    setting = case["four_over_six"]
+    recipe = fp4_arithmetic.Recipe(arithmetic, case["fast_math"], fp4_arithmetic.FourOverSix(*setting) if setting else None)
+    g = case["global_scale"]
+    size = 32 if case["ue8m0"] else 16
+    packed, sf = reference.quantize(x, None if g is None else torch.tensor([g], dtype=torch.float32), size,
+                                    case["ue8m0"], case["inversed"], recipe=recipe)
+    assert packed.dtype == sf.dtype == torch.uint8
+    mode = fp4_oracle.Mode(case["fast_math"], bool(setting), *(setting or (False, False)))
+    want = fp4_oracle.quantize(x.float().tolist(), None if g is None else [g], size, case["ue8m0"],
+                               dtype is torch.float8_e4m3fn, case["inversed"], mode, release)
+    return (packed.tolist(), sf.tolist()), want
+
+
+def test_every_mode_of_every_release_row_matches_the_oracle_on_a_fixed_battery():
+    # Each release row x each mode it has (fast math x 4over6 x MAE/MSE x fast error) x each scale format and
+    # input dtype, on rows of 2-3 blocks with their own magnitudes, specials, and global scales across the
+    # range: the property tests above sample this space; this covers every cell of it on every run.
+    import random
+
+    rng = random.Random(17)
+    scales = [1.0, 2688.0, 14.517072677612305, 1.7, 2.0 ** -12, 1e-30, 3.0e30, -2.5, 0.0, float("inf")]
+    cases = 0
+    for version in ROW_VERSIONS:
+        arithmetic = targets.target_for(version).arithmetic
+        fast_maths = (True, False) if arithmetic.fast_math_switches else (True,)
+        settings = [None] + ([[mse, fast] for mse in (False, True) for fast in (False, True)]
+                             if arithmetic.four_over_six != "none" else [])
+        for fast_math in fast_maths:
+            for setting in settings:
+                for ue8m0, dtype in ((False, "bfloat16"), (False, "float16"), (False, "float8_e4m3fn"),
+                                     (True, "bfloat16"), (True, "float8_e4m3fn")):
+                    if setting and (ue8m0 or dtype == "float8_e4m3fn"):
+                        continue  # 4over6 is NVFP4 from 16-bit input only
+                    for inversed in (False, True):
+                        rows, blocks = 3, 2 if ue8m0 else 3
+                        values = [v for r in range(rows) for v in _battery_values(rng, blocks, 32 if ue8m0 else 16)]
+                        case = dict(version=version, dtype=dtype, ue8m0=ue8m0, fast_math=fast_math,
+                                    four_over_six=setting, rows=rows, values=values, inversed=inversed,
+                                    global_scale=None if ue8m0 and inversed else rng.choice(scales))
+                        got, want = _battery_call(case)
+                        assert got == want, {k: v for k, v in case.items() if k != "values"}
+                        cases += 1
+    assert cases == 218
+
+
+def test_the_searched_inputs_match_the_oracle():
+    # Calls that tell a plausible arithmetic mistake from the kernel's arithmetic, found by
+    # tools/mutation/find_inputs.py against mutmut's mutants of fp4_arithmetic; expected bytes from the oracle.
+    import json
+    from pathlib import Path
+
+    cases = json.loads((Path(__file__).parents[1] / "data" / "fp4_cases.json").read_text())
+    for case in cases:
+        got, want = _battery_call(case)
+        assert got == want, case["found_for"]
+
+
+# --- eager against compiled, the direct path against the general one --------------------------------------
+
+@given(data=st.data(), swizzled=st.booleans(), is_8x4=st.booleans(), column_major=st.booleans(),
+       three_d=st.booleans(), backend=st.sampled_from(["eager", "aot_eager"]))
+def test_compiled_fp4_quantize_matches_eager(data, swizzled, is_8x4, column_major, three_d, backend):
+    # Column-major input is quantized along M (FlashInfer transposes it), so M is then a multiple of 16.
+    x, _ = data.draw(matrices(16, rows=st.sampled_from([32] if column_major else [1, 2, 4, 6]), max_blocks=4))
+    if three_d and x.shape[0] % 2 == 0:
+        x = x.reshape(2, x.shape[0] // 2, x.shape[1])
+    if column_major:
+        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    scale = torch.tensor([data.draw(global_scales)], dtype=torch.float32)
+    call = lambda t, s: flashinfer.fp4_quantize(t, s, 16, False, swizzled, is_8x4)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend=backend)
+    for got, want in zip(compiled(x, scale), call(x, scale)):
+        assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype)
+        assert torch.equal(got, want)
+
+
+@given(data=st.data(), g=global_scales)
+def test_the_direct_path_gives_the_general_paths_bytes(data, g, monkeypatch):
+    """Stand-in for the GPU's JIT entry (cannot run here), as in test_battery: CPU tensors take the direct
+    path and reach an entry that fills the buffers with the reference, in the release's argument order."""
+    target = ops.active_target()
+    entered = []
+
+    def entry(input, global_scale, out_val, out_sf, *scalars):
+        entered.append(input.shape[0])
+        named = {"is_global_scale_inversed": False, "nvfp4_4over6_code": 0, **dict(zip(target.kernel_args, scalars))}
+        ops.launch_reference(input, global_scale, out_val, out_sf, *(named[n] for n in preload.LAUNCH_SCALARS))
+
+    x, _ = data.draw(matrices(16, dtype=data.draw(st.sampled_from([torch.bfloat16, torch.float16]))))
+    scale = torch.tensor([g], dtype=torch.float32)
+    extra = {"nvfp4_4over6": None} if "nvfp4_4over6" in inspect.signature(flashinfer.fp4_quantize).parameters else {}
+    general = flashinfer.fp4_quantize(x, scale, **extra)
+    monkeypatch.setitem(ops._direct_kernels, -1, (entry, True))
+    direct = flashinfer.fp4_quantize(x, scale, **extra)
+    assert entered == ([x.shape[0]] if x.shape[0] else [])
+    for got, want in zip(direct, general):
+        assert (got.shape, got.stride()) == (want.shape, want.stride()) and torch.equal(got, want)
+
+
+# --- the family -----------------------------------------------------------------------------------------------
+
+def _same_meta_under_fake_mode(op, arguments):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real = op(*arguments)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op(*[mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in arguments])
+    real, fake = (list(r) if isinstance(r, (tuple, list)) else [r] for r in (real, fake))
+    assert [(t.shape, t.stride(), t.dtype) for t in fake] == [(t.shape, t.stride(), t.dtype) for t in real]
+    return real
+
+
+@given(data=st.data(), g=st.floats(2.0 ** -7, 1024.0, width=32))
+def test_batched_quantize_matches_the_oracle_and_its_fake(data, g):
+    batches = data.draw(st.integers(1, 3))
+    x, _ = data.draw(matrices(16, rows=st.sampled_from([1, 2, 3, 5]), max_blocks=5,
+                              dtype=data.draw(st.sampled_from([torch.bfloat16, torch.float16]))))
+    x = torch.cat([x] * batches).reshape(batches, x.shape[0], x.shape[1]).contiguous()
+    per_row = data.draw(st.booleans())
+    scales = [_f32(g * (r + 1)) for r in range(x.shape[1])] if per_row else [_f32(g)]
+    op = torch.ops.fp4_dynamo_shim.fp4_batched_quantize.default
+    packed, sf = _same_meta_under_fake_mode(op, (x, torch.tensor(scales), 16, False, 0))
+    sf_columns = x.shape[2] // 16
+    for b in range(batches):
+        want_packed, want_scales = fp4_oracle.quantize(x[b].float().tolist(), scales, 16, False, release=INSTALLED)
+        assert packed[b].tolist() == want_packed
+        assert sf[b].tolist() == fp4_oracle.swizzled(want_scales, sf_columns, False)
+
+
+@given(data=st.data(), silu=st.booleans())
+def test_experts_quantize_matches_the_oracle_per_expert_and_its_fake(data, silu):
+    experts = data.draw(st.integers(1, 3))
+    rows = data.draw(st.sampled_from([1, 3, 5]))
+    columns = 16 * data.draw(st.integers(1, 5))
+    x = torch.tensor(data.draw(st.lists(st.floats(-6, 6, width=32), min_size=experts * rows * columns * (2 if silu else 1),
+                                        max_size=experts * rows * columns * (2 if silu else 1))))
+    x = x.reshape(experts, rows, -1).to(torch.bfloat16)
+    scales = [_f32(data.draw(st.floats(0.125, 128.0, width=32))) for _ in range(experts)]
+    mask = torch.tensor([data.draw(st.integers(0, rows)) for _ in range(experts)], dtype=torch.int32)
+    op = torch.ops.fp4_dynamo_shim.fp4_experts_quantize.default
+    values, sf = _same_meta_under_fake_mode(op, (x, torch.tensor(scales), mask, silu, 0))
+    if silu:  # the kernel's silu_and_mul in float, rounded to the input dtype (the reference's step)
+        gate, up = x[..., :columns].float(), x[..., columns:].float()
+        x = (gate / (1.0 + torch.exp(-gate)) * up).to(torch.bfloat16)
+    sf_bytes = sf.view(torch.uint8).reshape(experts, -1)
+    for e in range(experts):
+        valid = int(mask[e])
+        want_packed, want_scales = fp4_oracle.quantize(x[e].float().tolist(), [scales[e]], 16, False, release=INSTALLED)
+        want_packed = [row if r < valid else [0] * (columns // 2) for r, row in enumerate(want_packed)]
+        want_scales = [row if r < valid else [0] * (columns // 16) for r, row in enumerate(want_scales)]
+        assert values[e].tolist() == want_packed
+        assert sf_bytes[e].tolist() == fp4_oracle.swizzled(want_scales, columns // 16, False)
+
+
+@given(rows=st.sampled_from([1, 5, 127, 129]), columns=st.integers(1, 9), experts=st.sampled_from([None, 1, 2]),
+       bf16=st.booleans())
+def test_block_scale_interleave_matches_the_kernels_offsets_and_its_fake(rows, columns, experts, bf16):
+    shape = (rows, columns) if experts is None else (experts, rows, columns)
+    grid = (torch.arange(int(numpy.prod(shape))) % 251 + 1).to(torch.uint8).reshape(shape)
+    if bf16:
+        grid = grid.to(torch.bfloat16)
+    out = _same_meta_under_fake_mode(torch.ops.fp4_dynamo_shim.block_scale_interleave.default, (grid,))[0]
+    expected = []
+    for expert in (grid.reshape(-1, rows, columns)):
+        expected += fp4_oracle.swizzled(expert.float().tolist(), columns, False)
+    assert out.float().tolist() == [float(v) for v in expected]
+
+
+@given(data=st.data(), ufp8_type=st.sampled_from([0, 1, 2]), layout_choice=st.sampled_from(["linear", "128x4", "8x4"]),
+       g=st.floats(2.0 ** -10, 1024.0, width=32))
+def test_dequantize_matches_the_oracles_decode(data, ufp8_type, layout_choice, g):
+    rows = data.draw(st.sampled_from([1, 2, 9, 129]))
+    sf_vec_size = data.draw(st.sampled_from([16, 32]))
+    sf_columns = data.draw(st.integers(1, 5))
+    codes = [[data.draw(st.integers(0, 255)) for _ in range(sf_columns * sf_vec_size // 2)] for _ in range(rows)]
+    scales = [[data.draw(st.integers(0, 254)) for _ in range(sf_columns)] for _ in range(rows)]
+    flat = ([b for row in scales for b in row] if layout_choice == "linear"
+            else fp4_oracle.swizzled(scales, sf_columns, layout_choice == "8x4"))
+    values = flashinfer.e2m1_and_ufp8sf_scale_to_float(
+        torch.tensor(codes, dtype=torch.uint8), torch.tensor(flat, dtype=torch.uint8), torch.tensor([g]), sf_vec_size,
+        ufp8_type, layout_choice != "linear", layout_choice == "8x4")
+
+    def scale_of(byte):  # fp4Op.cpp: float scaleFloat, then scaleFloat *= globalScaleVal (1 unless type 1)
+        if ufp8_type == 0:  # uint32(byte) << 23 read as float: 2^(byte - 127), byte 0 -> 0
+            return 0.0 if byte == 0 else 2.0 ** (byte - 127)
+        return _f32(fp4_oracle.e4m3_value(byte) * (_f32(g) if ufp8_type == 1 else 1.0))
+
+    want = [[_f32(fp4_oracle.e2m1_value((codes[r][i // 2] >> (4 * (i % 2))) & 0xF) * scale_of(scales[r][i // sf_vec_size]))
+             for i in range(sf_columns * sf_vec_size)] for r in range(rows)]
+    assert numpy.array_equal(values.numpy(), numpy.array(want, dtype=numpy.float32), equal_nan=True)
+    if layout_choice != "8x4":  # the reference on its own: 128x4 by default (as tests/gpu call it), and like
+        # fp4Op.cpp it reads the global scale's first element only
+        direct = reference.e2m1_and_ufp8sf_scale_to_float(
+            torch.tensor(codes, dtype=torch.uint8), torch.tensor(flat, dtype=torch.uint8), torch.tensor([g, 3.0]),
+            sf_vec_size, ufp8_type, layout_choice != "linear")
+        assert numpy.array_equal(direct.numpy(), values.numpy(), equal_nan=True)
+
+
+@given(data=st.data(), ue8m0=st.booleans(), scale_form=st.sampled_from(["none", "float", "one", "per-row"]))
+def test_reference_dequantize_matches_the_oracles_decode_for_every_global_scale_form(data, ue8m0, scale_form):
+    # reference.dequantize (mm_fp4's reference and the tests' decoder): e4m3 scales divided by the global scale
+    # (None, a float, one value, one per row), or e8m0 scales 2^(byte - 127) with no global scale.
+    rows, sf_columns = data.draw(st.sampled_from([1, 2, 3, 5])), data.draw(st.integers(1, 5))
+    sf_vec_size = 32 if ue8m0 else 16
+    codes = [[data.draw(st.integers(0, 255)) for _ in range(sf_columns * sf_vec_size // 2)] for _ in range(rows)]
+    scale_bytes = st.integers(0, 254) if ue8m0 else st.integers(0, 126)  # 0x7F: e4m3 NaN
+    scales = [[data.draw(scale_bytes) for _ in range(sf_columns)] for _ in range(rows)]
+    g = [_f32(data.draw(st.sampled_from([0.25, 2.0, 448.0]) if scale_form == "float" else global_scales))
+         for _ in range(rows if scale_form == "per-row" else 1)]
+    global_scale = {"none": None, "float": g[0], "one": torch.tensor(g[:1]), "per-row": torch.tensor(g)}[scale_form]
+    values = reference.dequantize(torch.tensor(codes, dtype=torch.uint8), torch.tensor(scales, dtype=torch.uint8),
+                                  global_scale, sf_vec_size, ue8m0)
+
+    def scale_of(r, byte):
+        if ue8m0:
+            return numpy.float32(fp4_oracle.e8m0_value(byte))
+        decoded = numpy.float32(fp4_oracle.e4m3_value(byte))
+        return decoded if global_scale is None else decoded / numpy.float32(g[r if len(g) > 1 else 0])
+
+    with numpy.errstate(all="ignore"):
+        want = numpy.array([[numpy.float32(fp4_oracle.e2m1_value((codes[r][i // 2] >> 4 * (i % 2)) & 0xF))
+                             * scale_of(r, scales[r][i // sf_vec_size]) for i in range(sf_columns * sf_vec_size)]
+                            for r in range(rows)], dtype=numpy.float32)
+    assert values.dtype == torch.float32 and values.shape == (rows, sf_columns * sf_vec_size)
+    assert numpy.array_equal(values.numpy(), want, equal_nan=True)
+
+
+@given(data=st.data(), with_alpha=st.booleans())
+def test_mxfp4_mm_fp4_matches_the_oracles_dequantized_product(data, with_alpha):
+    # MXFP4 operands (use_nvfp4=False): e8m0 scales per 32 elements, no global scales.
+    rows, outputs = data.draw(st.sampled_from([1, 3, 9])), data.draw(st.sampled_from([1, 4]))
+    columns = 32 * data.draw(st.integers(1, 3))
+    small = st.one_of(st.floats(-4, 4, width=32), st.sampled_from([0.0, -0.0, 2.0 ** -20, 3.0e4, -448.0]))
+    a, w = (torch.tensor(data.draw(st.lists(small, min_size=n * columns, max_size=n * columns)))
+            .reshape(n, columns).to(torch.bfloat16) for n in (rows, outputs))
+    a_packed, a_sf = flashinfer.fp4_quantize(a, None, 32, True, True)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, None, 32, True, True)
+    alpha = torch.tensor([0.375]) if with_alpha else None
+    out = flashinfer.mm_fp4(a_packed, w_packed.t(), a_sf, w_sf.t(), alpha, torch.float32, block_size=32,
+                            use_nvfp4=False)
+
+    def dequantized(values):
+        packed, scales = fp4_oracle.quantize(values, None, 32, True, release=INSTALLED)
+        return numpy.array([[fp4_oracle.e2m1_value((p[i // 2] >> 4 * (i % 2)) & 0xF) * fp4_oracle.e8m0_value(s[i // 32])
+                             for i in range(len(p) * 2)] for p, s in zip(packed, scales)])
+
+    want = dequantized(a.float().tolist()) @ dequantized(w.float().tolist()).T * (0.375 if with_alpha else 1)
+    assert out.shape == (rows, outputs) and out.dtype == torch.float32
+    numpy.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * (numpy.abs(want).max() + 1))
+
+
+@given(data=st.data(), is_8x4=st.booleans(), with_alpha=st.booleans())
+def test_mm_fp4_matches_the_oracles_dequantized_product(data, is_8x4, with_alpha):
+    rows, outputs = data.draw(st.sampled_from([1, 3, 9])), data.draw(st.sampled_from([1, 4]))
+    blocks = data.draw(st.integers(1, 4))
+    a, a_values = data.draw(matrices(16, rows=st.just(rows), max_blocks=blocks, dtype=torch.bfloat16))
+    columns = a.shape[1]
+    w = torch.tensor(data.draw(st.lists(st.floats(-4, 4, width=32), min_size=outputs * columns,
+                                        max_size=outputs * columns))).reshape(outputs, columns).to(torch.bfloat16)
+    assume(torch.isfinite(a.float()).all())
+    a_scale, w_scale = torch.tensor([3.0]), torch.tensor([5.0])
+    a_packed, a_sf = flashinfer.fp4_quantize(a, a_scale, is_sf_8x4_layout=is_8x4)
+    w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
+    alpha = torch.tensor([0.125]) if with_alpha else None
+    out = flashinfer.mm_fp4(a_packed, w_packed.t(), a_sf, w_sf.t(), alpha, torch.float32, use_8x4_sf_layout=is_8x4)
+
+    def dequantized(values, g):
+        packed, scales = fp4_oracle.quantize(values, [g], 16, False, release=INSTALLED)
+        return numpy.array([[fp4_oracle.e2m1_value((p[i // 2] >> 4 * (i % 2)) & 0xF) * fp4_oracle.e4m3_value(s[i // 16])
+                             for i in range(len(p) * 2)] for p, s in zip(packed, scales)])
+
+    want = dequantized(a.float().tolist(), 3.0) @ dequantized(w.float().tolist(), 5.0).T * (0.125 if with_alpha else 1)
+    assert out.shape == (rows, outputs)
+    numpy.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * (numpy.abs(want).max() + 1))
+
+
+# --- switches ----------------------------------------------------------------------------------------------
+
+WORDS = startup.TRUE + startup.FALSE
+spellings = st.one_of(
+    st.tuples(st.sampled_from(WORDS), st.lists(st.booleans(), min_size=5, max_size=5), st.sampled_from(["", " ", "\t", "\n "]))
+    .map(lambda t: t[2] + "".join(c.upper() if up else c for c, up in zip(t[0], t[1] + [False] * 10)) + t[2]),
+    st.text(max_size=6),
+)
+
+
+@given(raw=spellings)
+def test_a_switch_reads_every_spelling_of_its_words_and_names_anything_else(raw):
+    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": raw})
+    word = raw.strip().lower()
+    assert value == (word in startup.TRUE)
+    assert (problem is None) == (word in WORDS)
+    if problem:
+        assert "SOME_SWITCH" in problem and repr(raw) in problem
+
+
+@given(environ=environments())
+def test_the_reference_reads_the_kernels_switches_exactly_as_the_kernel(environ):
+    # getBoolEnv: only the exact "1" is on; the error mode is upper-cased and must be MAE or MSE.
+    for version in ROW_VERSIONS:
+        arithmetic = targets.target_for(version).arithmetic
+        release = fp4_oracle.release_of(version)
+        try:
+            want = fp4_oracle.mode_from_environment(release, environ)
+        except ValueError:
+            with pytest.raises(ValueError):
+                fp4_arithmetic.recipe(arithmetic, -1 if arithmetic.four_over_six == "code" else 0, environ)
+            continue
+        got = fp4_arithmetic.recipe(arithmetic, -1 if arithmetic.four_over_six == "code" else 0, environ)
+        assert (got.fast_math, got.four_over_six is not None) == (want.fast_math, want.four_over_six), version
+        if want.four_over_six:
+            assert (got.four_over_six.mse, got.four_over_six.fast_error) == (want.mse, want.fast_error), version
+
+
+@given(values=st.fixed_dictionaries({}, optional={
+    "FP4_DYNAMO_SHIM_FALLBACK": st.sampled_from(["error", "Reference", "launch", "referense", ""]),
+    "FP4_DYNAMO_SHIM_CUDA_VERSION": st.sampled_from(["torch", "12.8", "twelve", "nvcc"]),
+    "FP4_DYNAMO_SHIM_STRICT": st.sampled_from(["0", "no", "Off", "2"]),
+}))
+def test_status_keeps_its_keys_and_names_every_unknown_value(values, monkeypatch):
+    for name, value in values.items():
+        monkeypatch.setenv(name, value)
+    fp4_dynamo_shim.revert()
+    try:
+        assert fp4_dynamo_shim.apply()
+        state = fp4_dynamo_shim.status()
+        assert tuple(state) == patching.STATUS_KEYS
+        unknown = [n for n, v in values.items() if v in ("referense", "twelve", "2")]
+        assert sorted(n for n in unknown if any(n in w for w in state["warnings"])) == sorted(unknown)
+    finally:
+        fp4_dynamo_shim.revert()
+        monkeypatch.undo()
+        fp4_dynamo_shim.apply()
+
+
+def test_layout_shapes_are_the_kernels_for_every_tile_and_remainder():
+    for rows in (0, 1, 7, 8, 9, 127, 128, 129):
+        for sf_columns in range(1, 9):
+            for is_8x4 in (False, True):
+                tile = 8 if is_8x4 else 128
+                assert layout.swizzled_sf_shape(rows, sf_columns, is_8x4) == (-(-rows // tile) * tile, -(-sf_columns // 4) * 4)

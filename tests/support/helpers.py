@@ -1,0 +1,33 @@
+"""Helpers shared by the tests (conftest.py holds only fixtures: two conftest modules cannot both be imported)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import releases as targets
+
+SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
+
+
+def run_python(code: str | None, env: dict | None = None, timeout: float = 300, extra_path: str | None = None,
+               args: tuple = ()) -> subprocess.CompletedProcess:
+    """Run ``python *args -c code`` (or ``python *args`` when code is None) in a fresh interpreter with the
+    source tree importable."""
+    environment = dict(os.environ)
+    environment.pop("FP4_DYNAMO_SHIM", None)
+    environment.update(env or {})
+    path = [SRC] + ([extra_path] if extra_path else []) + [environment.get("PYTHONPATH", "")]
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return subprocess.run(
+        [sys.executable, *args, *(("-c", code) if code is not None else ())], capture_output=True, text=True,
+        timeout=timeout, env=environment
+    )
+
+
+def installed_target() -> targets.Target:
+    return targets.target_for(patching.flashinfer_version())

@@ -1,0 +1,45 @@
+"""The GPU harness works on a fresh machine: its scripts build what they promise and name only files that exist.
+
+The GPU tests themselves run on the GPU machine; these run here, because a harness that fails on a fresh
+machine is found only when GPU minutes are already being spent.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_tests_gpu_path_the_project_names_exists():
+    named = set()
+    for path in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("tests/**/*.sh"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]:
+        if ".venv" not in path.parts and "mutation" not in path.parts:  # mutations name broken paths on purpose
+            named.update(re.findall(r"tests/gpu/[A-Za-z0-9_./-]*[A-Za-z0-9_]", path.read_text()))
+    assert named
+    assert sorted(name for name in named if not (ROOT / name).exists()) == []
+
+
+@pytest.mark.slow
+def test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip(tmp_path):
+    """No setuptools, no wheel package: the build gets its backend from the index (build isolation)."""
+    environment = tmp_path / "venv"
+    venv.create(environment, with_pip=True)
+    python = environment / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", "setuptools", "wheel"], capture_output=True)
+    listed = subprocess.run([python, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True).stdout
+    assert [line.split("==")[0].lower() for line in listed.split()] == ["pip"]
+    copy = tmp_path / "checkout"  # the project's files without what was built or carried here
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist"))
+    path = f"{environment / 'bin'}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(["bash", "tests/gpu/fetch.sh", "shim"], cwd=copy, capture_output=True, text=True,
+                            env={**os.environ, "PATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [p.name for p in (copy / ".ourwheel").glob("fp4_dynamo_shim-*.whl")], result.stdout

@@ -1,0 +1,238 @@
+"""verify's checks (``checks.py``) in this process, on CPU: each check that runs here passes and says what it
+showed, fails on the fault it exists to see, and the ones that need a GPU say so.
+
+verify's command line (a child process per call) is tested in test_activation.py and test_routes.py; here
+the checks are called directly, so that a broken check is seen by a test that reaches it (and by mutmut's
+trampolines, which do not follow child processes). Stand-in, because there is no GPU here: the device state
+a GPU would report (``checks._mode``: the FP4 kernel, the launch-only fallback, or a refusal), so the
+branches verify takes on an SM90 GPU run on CPU tensors; everything else is the real check.
+"""
+
+from __future__ import annotations
+
+import flashinfer
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.verify import checks
+from _fp4_dynamo_shim.fp4 import flashinfer_op
+from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim import lifecycle as patching
+from fp4_dynamo_shim.errors import NoFp4KernelError
+
+FAMILY = ("nvfp4_quantize", "mxfp4_quantize", "block_scale_interleave", "e2m1_and_ufp8sf_scale_to_float",
+          "mxfp4_dequantize", "mxfp4_dequantize_host", "nvfp4_batched_quantize", "scaled_fp4_grouped_quantize",
+          "silu_and_mul_scaled_nvfp4_experts_quantize", "mm_fp4")
+
+
+def replaced_family():
+    return [n for n, s in fp4_dynamo_shim.status()["family"].items() if s.startswith("op-backed")]
+
+
+@pytest.fixture
+def device_mode(monkeypatch):
+    """Stand-in for what a GPU reports (none here): "kernel" (SM100+), "launch" (the empty kernel of an SM90
+    GPU, FP4_DYNAMO_SHIM_FALLBACK=launch) or "refuse" (SM90, the default)."""
+    def use(mode):
+        monkeypatch.setattr(checks, "_mode", lambda device: mode)
+    return use
+
+
+# --- what each check says when all is well -----------------------------------------------------------------
+
+def test_the_checks_that_run_on_cpu_pass_and_say_what_they_showed():
+    assert checks.check_trace_static("cpu") == \
+        "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)"
+    assert checks.check_trace_dynamic("cpu") == \
+        "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation"
+    assert checks.check_opcheck("cpu") == "torch.library.opcheck on fp4_dynamo_shim::fp4_quantize (cpu): all tests"
+    assert checks.check_compiled_matches_eager("cpu") == \
+        "inductor output equals eager bitwise for M in (1, 33, 256) (reference quantizer)"
+    if flashinfer_op.flashinfer_has_op():
+        assert checks.check_flashinfer_op("cpu") == \
+            "compiled with fullgraph (row-major, column-major, 3-D): outputs equal the function's bitwise"
+
+
+def test_the_family_check_calls_every_replaced_function_and_names_them():
+    replaced = replaced_family()
+    assert set(replaced) <= set(FAMILY) and replaced
+    assert checks.check_family("cpu") == f"{len(replaced)} functions called once on cpu: result: {', '.join(replaced)}"
+
+
+def test_the_family_examples_are_valid_calls_on_cpu():
+    examples = checks.family_examples("cpu")
+    assert sorted(examples) == sorted(FAMILY)
+    for name in replaced_family():
+        args, kwargs = examples[name]
+        assert all(a.device.type == "cpu" for a in args if isinstance(a, torch.Tensor))
+        outputs = getattr(flashinfer, name)(*args, **kwargs)
+        outputs = outputs if isinstance(outputs, (tuple, list)) else [outputs]
+        assert all(o.numel() for o in outputs if isinstance(o, torch.Tensor)), name
+    packed, sf, inverse_scale = examples["e2m1_and_ufp8sf_scale_to_float"][0]
+    x, scale = checks._inputs(32, "cpu", columns=128)
+    assert torch.equal(inverse_scale, 1.0 / scale) and sf.dim() == 1
+    assert examples["mm_fp4"][1] == {"out_dtype": torch.bfloat16}
+
+
+def test_inputs_fill_the_e4m3_range_and_are_reproducible():
+    x, scale = checks._inputs(5, "cpu")
+    assert x.shape == (5, 256) and x.dtype == torch.bfloat16 and scale.shape == (1,)
+    assert torch.equal(x, checks._inputs(5, "cpu")[0]) and not torch.equal(x, checks._inputs(6, "cpu")[0][:5])
+    assert scale.item() == pytest.approx(448.0 * 6.0 / x.float().abs().max().item())
+    assert checks._inputs(3, "cpu", columns=64)[0].shape == (3, 64)
+
+
+def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
+    for check, reason in ((checks.check_cuda_graph, "CUDA graphs need a GPU"),
+                          (checks.check_baseline, "the unpatched failure is shown on a GPU")):
+        with pytest.raises(checks.Skip, match=reason):
+            check("cpu")
+    with pytest.raises(checks.Skip):
+        checks.check_sglang_compile_path("cpu")
+    assert fp4_dynamo_shim.status()["applied"]  # check_baseline reverts only on a GPU
+
+
+def test_every_check_is_listed_once_in_verifys_order():
+    names = [name for name, _ in checks.CHECKS]
+    assert names == ["trace-static", "trace-dynamic", "opcheck", "compiled-vs-eager", "cuda-graph", "flashinfer-op",
+                     "sglang-release", "sglang-compile", "family", "flashinfer-ops", "worker-activation"]
+    assert all(callable(check) and check.__name__.startswith("check_") for _, check in checks.CHECKS)
+
+
+# --- each check fails on the fault it exists to see --------------------------------------------------------
+
+def test_the_static_trace_check_fails_on_a_graph_break(monkeypatch):
+    real = flashinfer.fp4_quantize
+
+    def with_a_break(*args, **kwargs):
+        torch._dynamo.graph_break()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flashinfer, "fp4_quantize", with_a_break)
+    with pytest.raises(Exception, match="graph_break|Graph break"):
+        checks.check_trace_static("cpu")
+
+
+def test_the_dynamic_trace_check_fails_on_a_recompilation(monkeypatch):
+    monkeypatch.setattr(torch._dynamo, "mark_dynamic", lambda tensor, dim: None)  # M stays static: 2 compilations
+    with pytest.raises(AssertionError, match=r"2 compilations for M in \(2, 17, 300\); expected 1"):
+        checks.check_trace_dynamic("cpu")
+
+
+def test_the_opcheck_check_fails_when_the_fake_disagrees_with_the_kernel(monkeypatch):
+    quantize = ops.quantize
+
+    def lying_fake(*args, launch):
+        values, scales = quantize(*args, launch=launch)
+        return (values.view(torch.int8), scales) if launch is None else (values, scales)
+
+    monkeypatch.setattr(ops, "quantize", lying_fake)
+    with pytest.raises(Exception, match="dtype|int8|uint8"):
+        checks.check_opcheck("cpu")
+
+
+def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monkeypatch):
+    if not flashinfer_op.flashinfer_has_op():
+        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    quantize = checks._quantize
+    monkeypatch.setattr(checks, "_quantize", lambda x, s: tuple(t.contiguous() for t in quantize(x, s)))
+    with pytest.raises(AssertionError, match=r"column-major: compiled op gives \(32, 256\)/\(1, 32\), the function "
+                                             r"\(32, 256\)/\(256, 1\)"):
+        checks.check_flashinfer_op("cpu")
+    monkeypatch.undo()
+
+    def flipped(input, *arguments):  # the op's CPU kernel (what the compiled region runs) flips one bit
+        ops.launch_reference(input, *arguments)
+        arguments[1].view(-1)[0] ^= 1
+
+    monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError, match="row-major: the compiled op's values differ from flashinfer.fp4_quantize's"):
+        checks.check_flashinfer_op("cpu")
+
+
+def test_the_family_check_fails_on_an_error_flashinfer_does_not_raise(monkeypatch):
+    def broken(*args, **kwargs):
+        raise ValueError("a shim fault")
+
+    monkeypatch.setattr(flashinfer, "mm_fp4", broken)
+    with pytest.raises(AssertionError, match=r"^mm_fp4: ValueError: a shim fault \(FlashInfer's own function does "
+                                             r"not raise this\)$"):
+        checks.check_family("cpu")
+
+
+def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(monkeypatch):
+    original = patching.original_function("block_scale_interleave")
+    with pytest.raises(Exception) as own:
+        original(*checks.family_examples("cpu")["block_scale_interleave"][0])  # FlashInfer's JIT path needs a GPU
+
+    def refuse(*args, **kwargs):
+        raise NoFp4KernelError("no FP4 kernel")
+
+    monkeypatch.setattr(flashinfer, "block_scale_interleave", original)
+    monkeypatch.setattr(flashinfer, "mxfp4_quantize", refuse)
+    detail = checks.check_family("cpu")
+    others = [n for n in replaced_family() if n not in ("block_scale_interleave", "mxfp4_quantize")]
+    message = str(own.value)[:80]
+    assert detail == (f"{len(replaced_family())} functions called once on cpu: result: {', '.join(others)}; "
+                      "refused (no FP4 kernel): mxfp4_quantize; "
+                      f"FlashInfer's own error: block_scale_interleave: {type(own.value).__name__}: {message}")
+
+
+# --- on a GPU without the FP4 kernel (stand-in: the device state) ---------------------------------------------
+
+def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_rest_skip(device_mode):
+    device_mode("refuse")
+    note = " (traced on fake tensors: no FP4 kernel runs on this GPU)"
+    assert checks.check_trace_static("cpu") == \
+        "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + note
+    assert checks.check_trace_dynamic("cpu") == \
+        "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation" + note
+    for check, reason in ((checks.check_opcheck, "FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run"),
+                          (checks.check_compiled_matches_eager, "no FP4 values on this GPU"),
+                          (checks.check_flashinfer_op, "this GPU has no FP4 kernel")):
+        with pytest.raises(checks.Skip, match=reason):
+            check("cpu")
+
+
+def test_the_trace_only_backend_runs_the_graph_on_fake_tensors(kernel_stand_in):
+    backend = checks._TraceOnly()
+    x, scale = checks._inputs(8, "cpu")
+    values, scales = torch.compile(checks._quantize, fullgraph=True, backend=backend)(x, scale)
+    assert len(backend.graphs) == 1 and kernel_stand_in == []  # traced, and no kernel was called
+    assert type(values).__name__ == "FakeTensor" and values.shape == (8, 128) and scales.shape == (128, 16)
+
+
+def test_where_the_kernel_only_launches_the_checks_compare_shapes_not_values(device_mode):
+    device_mode("launch")
+    assert checks.check_opcheck("cpu") == \
+        "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"
+    assert checks.check_trace_static("cpu").endswith("(M=37)")
+    with pytest.raises(checks.Skip, match="SM<100"):
+        checks.check_compiled_matches_eager("cpu")
+    if flashinfer_op.flashinfer_has_op():
+        assert checks.check_flashinfer_op("cpu") == ("compiled with fullgraph (row-major, column-major, 3-D): outputs "
+                                                     "equal the function's in shape, stride and dtype (no FP4 values "
+                                                     "on this GPU)")
+
+
+def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
+    # Stand-ins: the current CUDA device and the preload modes status() reports for two GPUs (none here).
+    status = fp4_dynamo_shim.status
+
+    def with_two_gpus():
+        return {**status(), "devices": [{"index": 0, "mode": "refuse"}, {"index": 1, "mode": "kernel"}]}
+
+    monkeypatch.setattr(fp4_dynamo_shim, "status", with_two_gpus)
+    assert checks._mode("cpu") == "reference"
+    for current, mode in ((0, "refuse"), (1, "kernel"), (2, None)):
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+        assert checks._mode("cuda") == mode
+    assert checks._launches("cuda") is False and checks._computes_values("cuda") is False  # device 2: nothing loaded
+    monkeypatch.setattr(fp4_dynamo_shim, "status", lambda: {**status(), "devices": None})
+    assert checks._mode("cuda") is None
+    for mode, launches, computes in (("kernel", True, True), ("reference", True, True), ("launch", True, False),
+                                     ("refuse", False, False), (None, False, False)):
+        monkeypatch.setattr(checks, "_mode", lambda device: mode)
+        assert (checks._launches("cuda"), checks._computes_values("cuda")) == (launches, computes), mode

@@ -1,0 +1,597 @@
+"""Run the release-sensitive CPU tests against every FlashInfer release an SGLang 0.5.x release pins; write the table.
+
+Each leg gets its own copy of one FlashInfer release, installed with ``pip install --no-deps --target`` from
+wheels downloaded once, and put first on ``PYTHONPATH``: the environment itself is never changed, so legs run
+two at a time (``--jobs``). Every leg uses this environment's dependencies (the newest release's) except the
+legs of ``OTHER_TORCH``, which get a virtual environment of their own with that torch (SGLang 0.5.22-0.5.23's
+pins: torch 2.14.1 with FlashInfer 0.7.2). Besides the supported releases, one real release below the range
+is installed to prove it is refused cleanly.
+
+A leg runs the test files of ``CHECKS`` only, less the tests marked ``release_independent``: those whose
+outcome depends on the installed release (which ones, and why the others run once in the README's test
+command, is in docs/testing.md).
+
+    python tools/matrix/run_matrix.py --output docs/compatibility.md           # regenerate
+    python tools/matrix/run_matrix.py --output docs/compatibility.md --check   # CI: fail if stale
+
+Exit status 1 when any check of a supported release fails, when the unsupported release is not
+refused cleanly, or (with --check) when the committed table differs from this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: FlashInfer releases pinned by SGLang 0.5.x releases that import on CPU (issue 5), oldest first.
+VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
+            "0.6.18", "0.7.1", "0.7.2", "0.7.4"]
+#: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.22-0.5.23.
+OTHER_TORCH = [("0.7.2", "2.14.1")]
+#: A real release outside the supported range: it must be refused with one clear warning.
+UNSUPPORTED = ["0.5.2"]
+#: Table column -> test file run for it: the files whose outcome depends on the installed release.
+CHECKS = {
+    "apply / revert / status": "tests/lifecycle/test_lifecycle.py",
+    "fullgraph trace, compiled = eager": "tests/fp4/test_compile.py",
+    "reference values": "tests/fp4/test_reference.py",
+    "kernel-call parity": "tests/fp4/test_parity.py",
+    "bad input": "tests/fp4/test_battery.py",
+    "FP4 family": "tests/fp4/test_family.py",
+    "kernel modes and edges": "tests/fp4/test_kernel_modes.py",
+    "FlashInfer's own op": "tests/fp4/test_flashinfer_op.py",
+    "FlashInfer's declared ops": "tests/declared/test_declared.py",
+}
+
+REFUSAL_PROBE = """
+import json, logging, io
+stream = io.StringIO(); logging.basicConfig(stream=stream, level=logging.WARNING)
+import fp4_dynamo_shim, flashinfer
+status = fp4_dynamo_shim.status()
+untouched = not getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False)
+print(json.dumps({"applied": status["applied"], "problem": status["problem"], "untouched": untouched,
+                  "warnings": [l for l in stream.getvalue().splitlines() if "not supported" in l]}))
+"""
+
+LEG_PROBE = """
+import json, traceback, torch
+report = {"torch": torch.__version__, "import_error": None}
+try:
+    import flashinfer
+except Exception as error:
+    lines = [line for line in "".join(traceback.format_exception_only(type(error), error)).splitlines() if line.strip()]
+    report["import_error"] = lines[-1]
+print(json.dumps(report))
+"""
+
+STAND_IN = ROOT / "tools" / "matrix" / "gpu_query_stand_in"
+
+
+def pip(*arguments: str, python: str = sys.executable) -> None:
+    subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
+
+
+def download(versions, wheels: Path) -> None:
+    """Each release's wheel, once, for every leg that installs it (four downloads at once)."""
+    missing = [v for v in dict.fromkeys(versions) if not list(wheels.glob(f"flashinfer_python-{v}-*.whl"))]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        for done in [pool.submit(pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(wheels / version),
+                                 f"flashinfer-python=={version}") for version in missing]:
+            done.result()
+    for version in missing:
+        for wheel in (wheels / version).glob("*.whl"):
+            wheel.rename(wheels / wheel.name)
+
+
+@dataclasses.dataclass
+class Site:
+    """One FlashInfer release, first on the path of the interpreter ``python`` (this one by default)."""
+
+    version: str
+    directory: Optional[Path] = None  # the release's --target directory; None: the interpreter's own
+    python: str = sys.executable
+    stand_in: bool = False  # the release needs the GPU-query stand-in to import on CPU
+
+    def environment(self, **extra) -> dict:
+        paths = [str(self.directory)] if self.directory else []
+        if self.stand_in:
+            paths.append(str(STAND_IN))
+        paths.append(os.environ.get("PYTHONPATH", ""))
+        environment = {**os.environ, **extra}
+        environment.pop("PYTEST_ADDOPTS", None)
+        environment["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+        return environment
+
+    def run(self, code: str, **extra) -> subprocess.CompletedProcess:
+        return subprocess.run([self.python, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                              env=self.environment(**extra))
+
+    def probe(self) -> dict:
+        """torch's version and why ``import flashinfer`` fails here, or None (some releases need a GPU to
+        import): one interpreter, since each start imports torch and FlashInfer."""
+        completed = self.run(LEG_PROBE)
+        if completed.returncode != 0:
+            raise SystemExit(f"flashinfer {self.version}: the probe failed:\n{completed.stderr[-2000:]}")
+        return json.loads(completed.stdout.strip().splitlines()[-1])
+
+    def import_error(self) -> Optional[str]:
+        return self.probe()["import_error"]
+
+
+def install(version: str, wheels: Path, scratch: Path) -> Site:
+    directory = scratch / f"flashinfer-{version}"
+    pip("install", "--no-deps", "--no-index", "--no-cache-dir", "--find-links", str(wheels), "--target",
+        str(directory), f"flashinfer-python=={version}")
+    site = Site(version, directory)
+    found = site.run("import importlib.metadata as m; print(m.version('flashinfer-python'))").stdout.strip()
+    if found != version:  # the leg would test another release than it says
+        raise SystemExit(f"{directory}: the leg's interpreter finds flashinfer-python {found!r}, not {version}")
+    return site
+
+
+def torch_environment(version: str, torch: str, scratch: Path) -> Site:
+    """A virtual environment with ``torch`` and this FlashInfer release installed with its dependencies, and
+    the project with its test dependencies (torch first: any other order lets pip pick another torch)."""
+    root = scratch / f"torch-{torch}"
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    python = str(root / "bin" / "python")
+    pip("install", f"torch=={torch}", python=python)
+    pip("install", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python)
+    return Site(version, None, python)
+
+
+def run_leg(site: Site, inductor_cache: Path) -> dict:
+    probe = site.probe()
+    torch, stand_in = probe["torch"], None
+    if probe["import_error"] is not None:
+        shim = site.run("import fp4_dynamo_shim; print(fp4_dynamo_shim.status()['problem'])")  # as a user sees it
+        stand_in = {"import_error": probe["import_error"],
+                    "shim_problem": shim.stdout.strip().splitlines()[-1] if shim.stdout else None}
+        site = dataclasses.replace(site, stand_in=True)
+        if site.import_error() is not None:
+            return {**stand_in, "seconds": 0.0, "failures": [], "torch": torch}
+    files = [path for path in CHECKS.values() if (ROOT / path).exists()]
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "junit.xml"
+        started = time.perf_counter()
+        # Kernels compiled by inductor are shared between legs (keyed by their source), whole graphs are not:
+        # torch's graph cache key leaves out a custom op's schema, so a graph of torch.ops.flashinfer.fp4_quantize
+        # compiled under 0.7.4 (8 parameters) was loaded under 0.6.12 (7) and called the op with 8 arguments.
+        completed = subprocess.run(
+            [site.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not release_independent",
+             f"--junitxml={report}", *files],
+            cwd=ROOT, capture_output=True, text=True,
+            env=site.environment(TORCHINDUCTOR_CACHE_DIR=str(inductor_cache), TORCHINDUCTOR_FX_GRAPH_CACHE="0",
+                                 TORCHINDUCTOR_AUTOGRAD_CACHE="0"),
+        )
+        seconds = time.perf_counter() - started
+        if not report.exists():
+            return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
+        counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
+        failures, outcomes, skip_reasons = [], {}, {}
+        for case in ElementTree.parse(report).iter("testcase"):
+            parts = case.get("classname", "").split(".")
+            path = next((p for p in files if Path(p).stem in parts), case.get("classname", "?"))
+            outcome = "passed"
+            if case.find("failure") is not None or case.find("error") is not None:
+                outcome = "failed"
+                failures.append(f"{case.get('classname')}::{case.get('name')}")
+            elif case.find("skipped") is not None:
+                outcome = "skipped"
+                skip_reasons[case.get("name", "")] = case.find("skipped").get("message", "")
+            counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
+            outcomes[case.get("name", "")] = outcome
+    return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in, "outcomes": outcomes,
+            "skip_reasons": skip_reasons, "torch": torch,
+            "tail": completed.stdout[-3000:] if failures else ""}
+
+
+def probe_refusal(site: Site) -> dict:
+    completed = site.run(REFUSAL_PROBE)
+    if completed.returncode != 0:
+        return {"ok": False, "detail": completed.stderr[-1500:]}
+    result = json.loads(completed.stdout.strip().splitlines()[-1])
+    result["refused_cleanly"] = (not result["applied"] and result["untouched"] and len(result["warnings"]) == 1
+                                 and "not supported" in (result["problem"] or ""))
+    strict = site.run("import fp4_dynamo_shim", FP4_DYNAMO_SHIM_STRICT="1")
+    result["strict_raises"] = strict.returncode != 0 and "ApplyError" in strict.stderr
+    result["ok"] = result["refused_cleanly"] and result["strict_raises"]
+    return result
+
+
+def cell(counts: dict | None) -> str:
+    if not counts:
+        return "-"
+    if counts["failed"]:
+        return f"FAIL {counts['failed']}/{sum(counts.values())}"
+    skipped = f", {counts['skipped']} skipped" if counts["skipped"] else ""
+    return f"pass {counts['passed']}{skipped}"
+
+
+FAMILY_TEST = "test_traces_with_no_graph_breaks_runs_and_matches_eager[{}]"
+DECLARED_TABLE = ROOT / "tests" / "data" / "declared_releases.json"
+DECLARED_TEST = "test_the_release_table_row_matches_what_the_shim_does_with_this_release"
+DECLARED_KINDS = ("registered", "covered by the FP4 layer", "out of scope", "not expressible", "FlashInfer's own op",
+                  "failed")
+
+
+DECLARED_TRACE_TEST = "test_public_function_traces_to_the_declared_op_with_no_graph_break[{}]"
+
+
+def render_declared_functions(legs: dict) -> list:
+    """Public function x release: traced under fullgraph with 0 graph breaks to a shim op (fake CUDA tensors)."""
+    prefix, suffix = DECLARED_TRACE_TEST.split("{}")
+    functions = []
+    for leg in legs.values():
+        for name in leg.get("outcomes", {}):
+            if name.startswith(prefix) and name.endswith(suffix) and name[len(prefix):-len(suffix)] not in functions:
+                functions.append(name[len(prefix):-len(suffix)])
+    words = {"passed": "pass", "failed": "FAIL"}
+    lines = ["## FlashInfer's declared ops: public function x release", "",
+             "`pass`: `torch.compile(fullgraph=True)` traced the call with 0 graph breaks to a",
+             "`fp4_dynamo_shim_flashinfer` op, on fake CUDA tensors (`tests/declared/test_declared.py`; the kernels run in",
+             "`tests/gpu/test_gpu_declared.py`); `-`: the release lacks the function; `gpu`: the path asks",
+             "`torch.cuda.is_current_stream_capturing()`, which only a GPU answers.", ""]
+    releases = [v for v, leg in legs.items() if "outcomes" in leg]
+    lines += ["| function | " + " | ".join(releases) + " |", "|---|" + "---|" * len(releases)]
+    for function in functions:
+        cells = []
+        for version in releases:
+            leg = legs[version]
+            outcome = leg["outcomes"].get(DECLARED_TRACE_TEST.format(function))
+            skipped_reason = leg.get("skip_reasons", {}).get(DECLARED_TRACE_TEST.format(function), "")
+            cells.append(words.get(outcome) or ("gpu" if "current_stream_capturing" in skipped_reason else "-"))
+        lines.append(f"| `{function}` | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def render_declared(legs: dict) -> list:
+    """FlashInfer's declared ops per release: counts from tests/data/declared_releases.json, shown for a release
+    whose leg confirmed that its row is what the shim does (tests/declared/test_declared.py)."""
+    table = json.loads(DECLARED_TABLE.read_text())["releases"] if DECLARED_TABLE.exists() else {}
+    lines = ["## FlashInfer's declared ops: release x kind (`FP4_DYNAMO_SHIM_FLASHINFER_OPS=all`)", "",
+             "Every `@register_custom_op` FlashInfer wrote, by what the shim does with it (the reasons, op by op, are in",
+             "`tests/data/declared_releases.json`); a row shows once the release's leg confirmed the table against the live",
+             "shim. The default gate registers only what SGLang's traced paths call raw (see how-it-works.md).", "",
+             "| FlashInfer | declared | " + " | ".join(DECLARED_KINDS) + " |",
+             "|---|---|" + "---|" * len(DECLARED_KINDS)]
+    for version, leg in legs.items():
+        outcome = leg.get("outcomes", {}).get(DECLARED_TEST)
+        if outcome is None:
+            continue
+        counts = table.get(release_of(version), {}).get("counts")
+        if outcome != "passed" or counts is None:
+            lines.append(f"| {version} | {'FAIL' if outcome == 'failed' else outcome} |" + " |" * len(DECLARED_KINDS))
+            continue
+        lines.append(f"| {version} | {counts['declared']} | " + " | ".join(str(counts[k]) for k in DECLARED_KINDS) + " |")
+    return lines + [""]
+
+
+def render_family(legs: dict) -> list:
+    """Function x release: did the function trace under fullgraph with 0 breaks, run and match eager?"""
+    prefix, suffix = FAMILY_TEST.split("{}")
+    functions = sorted({name[len(prefix):-len(suffix)] for leg in legs.values() for name in leg.get("outcomes", {})
+                        if name.startswith(prefix) and name.endswith(suffix)})
+    words = {"passed": "pass", "skipped": "absent", "failed": "FAIL"}
+    lines = ["## FP4 family: function x release", "",
+             "`pass`: traced by `torch.compile(fullgraph=True)` with 0 graph breaks, ran on CPU (reference) and matched",
+             "eager, both with the eager and the inductor backend (`tests/fp4/test_family.py`); `absent`: the release does",
+             "not have the function.", "",
+             "| FlashInfer | " + " | ".join(f"`{f}`" for f in functions) + " |",
+             "|---|" + "---|" * len(functions)]
+    for version, leg in legs.items():
+        if "outcomes" not in leg:
+            continue
+        row = [words.get(leg["outcomes"].get(FAMILY_TEST.format(f)), "-") for f in functions]
+        lines.append(f"| {version} | " + " | ".join(row) + " |")
+    return lines + [""]
+
+
+#: Model family x SGLang release with the torch.compile prefill graph and the shim: (family, {column: cell}).
+#: "**measured**" cells come from tests/gpu/test_gpu_engine.py on the H200 (each release's FlashInfer NVFP4
+#: path forced, see engine/sm120_path/sitecustomize.py); "CPU" cells from the named CPU test; "read" cells from
+#: reading SGLang's code, not run; "to be measured" cells are written in the GPU test and have not run yet.
+SGLANG_COLUMNS = ["0.5.9", "0.5.10", "0.5.11", "0.5.12-0.5.13", "0.5.14", "0.5.15-0.5.18", "0.5.19-0.5.21",
+                  "0.5.22-0.5.23"]
+_WRAPPED = "read: not needed (SGLang's own ops); harmless: CPU, `tests/sglang/test_sglang_wrapper.py`"
+_BREAKABLE = "read: not needed by default (breakable prefill graphs, no torch.compile); with tc_piecewise as 0.5.14"
+_NO_COMPILE = "read: not needed (no torch.compile prefill graph)"
+MODEL_FAMILIES = [
+    ("Llama (`LlamaForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in); `fp4_quantize` is the only untraceable call",
+        "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: serves with PCG; greedy ids equal PCG off; without the shim PCG capture fails",
+        "0.5.12-0.5.13": _WRAPPED, "0.5.14": _WRAPPED, "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE,
+        "0.5.22-0.5.23": _NO_COMPILE}),
+    ("Qwen3 (`Qwen3ForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in)", "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: as Llama", "0.5.12-0.5.13": _WRAPPED,
+        "0.5.14": "to be measured (0.5.14 engine matrix: shim off must serve with tc_piecewise; every route and PCG off "
+                  "the same greedy ids); read: not needed",
+        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
+    ("Qwen3-MoE (`Qwen3MoeForCausalLM`)", {
+        "0.5.9": "read: works (PCG opt-in); the FP4 MoE runs inside an SGLang custom op",
+        "0.5.10": "read: works (PCG on by default)",
+        "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)",
+        "0.5.12-0.5.13": _WRAPPED, "0.5.14": "to be measured (0.5.14 engine matrix, as Qwen3)",
+        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
+    ("DeepSeek-V3 (`DeepseekV3ForCausalLM`: MLA, grouped top-k, fused shared expert)", {
+        "0.5.9": "not established", "0.5.10": "not established",
+        "0.5.11": "to be measured (0.5.11 engine matrix: PCG on = off, shim off fails in capture); read: the dense "
+                  "NVFP4 layers bind FlashInfer's `fp4_quantize` on SM12x as Llama's do"}),
+    ("GLM-4.5 MoE (`Glm4MoeForCausalLM`)", {
+        "0.5.9": "not established", "0.5.10": "not established",
+        "0.5.11": "to be measured (0.5.11 engine matrix, as DeepSeek-V3)"}),
+    ("Qwen3.5 NVFP4 (dense MLP)", {
+        "0.5.19-0.5.21": "CPU, `tests/sglang/test_sglang_qwen3_5.py` (SGLang's own MLP code, fake CUDA tensors): needed with "
+                         "tc_piecewise: the fused path calls `silu_and_mul_scaled_nvfp4_experts_quantize` raw; fails "
+                         "under fullgraph without the shim, traces with it",
+        "0.5.22-0.5.23": "read: the raw call remains; no torch.compile prefill graph to trace it"}),
+    ("FP8 per-tensor checkpoints (RMSNorm + FP8 quant)", {
+        "0.5.15-0.5.18": "read: 0.5.18 calls `flashinfer.norm.rmsnorm_quant` raw; with tc_piecewise NOT covered by "
+                         "the shim (not an FP4 function)",
+        "0.5.19-0.5.21": "read: as 0.5.18: NOT covered by the shim", "0.5.22-0.5.23": _NO_COMPILE}),
+    ("GLM-5 / DeepSeek-V3.2 (NSA)", {
+        "0.5.9": "read: fails after the shim, in SGLang's NSA indexer (`Tensor.item()` on `seq_lens_cpu`, a raw "
+                 "`flashinfer.norm.layernorm`, the JIT hadamard, deep_gemm, a split op without `topk_indices`)",
+        "0.5.10": "read: SGLang switches PCG off for these architectures", "0.5.11": "read: as 0.5.10"}),
+]
+
+
+def render_model_families() -> list:
+    lines = ["## Model families x SGLang, with its torch.compile prefill graph and the shim", "",
+             "Cells marked **measured** were run on the H200 with SGLang's own engine "
+             "(`tests/gpu/test_gpu_engine.py`, tiny ModelOpt NVFP4 checkpoints, the release's FlashInfer NVFP4 path "
+             "forced); \"CPU\" cells come from the named CPU test; \"read\" cells from reading SGLang's code, not "
+             "run; \"to be measured\" cells are written in the GPU test and have not run yet; \"-\": the family is "
+             "not in that release or not looked at. Users of the NSA models: keep piecewise CUDA graphs off "
+             "(`--disable-piecewise-cuda-graph` on 0.5.9, where it is opt-in anyway; 0.5.10/0.5.11 turn them off by "
+             "themselves); the shim is harmless there but does not make those forwards traceable.", "",
+             "| model family | " + " | ".join(f"SGLang {r}" for r in SGLANG_COLUMNS) + " |",
+             "|---|" + "---|" * len(SGLANG_COLUMNS)]
+    for family, cells in MODEL_FAMILIES:
+        lines.append(f"| {family} | " + " | ".join(cells.get(r, "-") for r in SGLANG_COLUMNS) + " |")
+    return lines + [""]
+
+
+_BINDINGS = {"call-time": "imported at call time", "module-global": "module global (SM12x)",
+             "sglang-op": "SGLang's own ops"}
+_GRAPHS = {"none": "none", "opt-in": "off (PCG opt-in)", "piecewise": "piecewise (PCG)", "tc_piecewise": "tc_piecewise",
+           "breakable": "breakable (no torch.compile)"}
+
+
+def render_sglang_releases() -> list:
+    """One row per SGLang release, from ``_fp4_dynamo_shim.sglang.releases`` (held against every wheel by
+    ``tests/sglang/test_sglang_releases.py``)."""
+    sys.path.insert(0, str(ROOT / "src"))
+    sys.path.insert(0, str(ROOT / "tests" / "support"))
+    import sglang_facts
+    from _fp4_dynamo_shim.sglang import releases as sglang_releases
+
+    lines = ["## SGLang releases", "",
+             "What each release needs from the shim, from `src/_fp4_dynamo_shim/sglang/releases.py` (the table "
+             "`status()[\"sglang\"]` and `verify` read; `tests/sglang/test_sglang_releases.py` holds it against facts read "
+             "off every wheel, `tests/data/sglang_facts.json`; `python tests/support/sglang_facts.py --check` re-reads the wheels). "
+             "\"default path\": the prefill graph a CUDA run gets without options. Releases newer than the last row "
+             "are unknown to the shim: `verify` fails there.", "",
+             "| SGLang | prefill graph by default | tc_piecewise | FP4 calls reach FlashInfer | plugins | "
+             "shim on the default path | needed when opted in | not covered | pins: torch, flashinfer, sglang-kernel |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for version in sglang_facts.RELEASES:
+        row = sglang_releases.release_for(version)
+        pins = sglang_releases.PINS.get(version)
+        covered = ", ".join(f"`{c.function}` ({c.where})" for c in row.raw_calls if c.covered)
+        uncovered = ", ".join(f"`{c.function}` ({c.where})" for c in row.raw_calls if not c.covered)
+        if row.prefill_graph == "none":
+            default = "not needed (no torch.compile graph)"
+        elif sglang_releases.needed_by_default(row):
+            default = f"**needed**: {covered}"
+        else:
+            default = "not needed; harmless"
+        opt_in = "" if sglang_releases.needed_by_default(row) or row.prefill_graph == "none" else covered
+        lines.append(" | ".join([
+            f"| {version}", _GRAPHS[row.prefill_graph], row.tc_piecewise or "-", _BINDINGS[row.fp4_quantize_binding]
+            + (", `mm_fp4` in `sglang::fp4_gemm`" if row.mm_fp4_in_sglang_op and row.fp4_quantize_binding != "sglang-op"
+               else ""), "yes" if row.loads_plugins else "no", default, opt_in or "-", uncovered or "-",
+            f"{pins.torch}, {pins.flashinfer}, {pins.sglang_kernel}" if pins else "-"]) + " |")
+    return lines + [""]
+
+
+def render(legs: dict, refusals: dict) -> str:
+    columns = list(CHECKS)
+    lines = [
+        "# Compatibility",
+        "",
+        "Generated by `python tools/matrix/run_matrix.py --output docs/compatibility.md` from one CPU run of",
+        "the test files below against each FlashInfer release (CI runs it with `--check` on every push and",
+        "fails when this file is stale), on the torch each row names: this environment's for every release, and",
+        "a virtual environment of its own for SGLang 0.5.22-0.5.23's pins. Cells: tests passed (and skipped,",
+        "where a release lacks what a test needs). These files are the tests whose outcome depends on the",
+        "installed release (docs/testing.md says why the others run once). GPU results are in",
+        "[performance.md](performance.md) and [testing.md](testing.md).",
+        "",
+        "| FlashInfer | torch | " + " | ".join(columns) + " |",
+        "|---|---|" + "---|" * len(columns),
+    ]
+    not_importable = {}
+    for version, leg in legs.items():
+        version, torch = release_of(version), leg.get("torch", "?")
+        if "import_error" in leg:
+            not_importable[version] = leg
+            lines.append(f"| {version} | {torch} | " + " | ".join(["does not import on CPU (below)"] + [""] * (len(columns) - 1)) + " |")
+            continue
+        if "error" in leg:
+            lines.append(f"| {version} | {torch} | " + " | ".join(["ERROR"] * len(columns)) + " |")
+            continue
+        row = [cell(leg["counts"].get(CHECKS[c])) for c in columns]
+        if leg.get("stand_in"):
+            not_importable[version] = leg["stand_in"]
+            version = f"{version} *"
+        lines.append(f"| {version} | {torch} | " + " | ".join(row) + " |")
+    lines += ["", "Test files per column: " + "; ".join(f"{c}: `{p}`" for c, p in CHECKS.items()) + ".", ""]
+    lines += render_family(legs)
+    lines += render_sglang_releases()
+    lines += render_declared(legs)
+    lines += render_declared_functions(legs)
+    lines += render_model_families()
+    if not_importable:
+        lines += ["## \\* Releases that need a GPU to import", "",
+                  "These releases fail `import flashinfer` with a CPU-only torch: they call",
+                  "`torch.cuda.get_device_properties(0)` at import time. On such a machine the shim stays off and says",
+                  "why (below). Their rows above ran with `tools/matrix/gpu_query_stand_in` answering that one query;",
+                  "they also import nvidia-cutlass-dsl (about 0.5 GB), which cannot travel to the GPU machine, so they",
+                  "were not run on a GPU.", "",
+                  "| FlashInfer | `import flashinfer` on CPU | what the shim reports |", "|---|---|---|"]
+        for version, leg in not_importable.items():
+            lines.append(f"| {version} | `{leg['import_error']}` | {leg['shim_problem']} |")
+        lines.append("")
+    lines += ["## Outside the supported range", "",
+              "| FlashInfer | refused with one warning, nothing patched | FP4_DYNAMO_SHIM_STRICT=1 raises |",
+              "|---|---|---|"]
+    for version, result in refusals.items():
+        lines.append(f"| {version} | {'yes' if result.get('refused_cleanly') else 'NO'} "
+                     f"| {'yes' if result.get('strict_raises') else 'NO'} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def leg_name(version: str, torch: Optional[str] = None) -> str:
+    return version if torch is None else f"{version}, torch {torch}"
+
+
+def release_of(name: str) -> str:
+    """The FlashInfer release of a leg's name."""
+    return name.split(", torch ")[0]
+
+
+class Legs:
+    """The legs still to run, taken by ``--jobs`` runner threads. A leg whose environment is still being built
+    is awaited; once built it goes first, so that its long test run overlaps the others."""
+
+    def __init__(self, legs):
+        self.legs, self.building, self.ready = list(legs), 0, threading.Condition()
+
+    def build(self, make_leg) -> None:
+        with self.ready:
+            self.building += 1
+
+        def built() -> None:
+            try:
+                leg = make_leg()
+            except BaseException as error:  # the runner that takes this leg raises it
+
+                def leg(error=error):
+                    raise error
+            with self.ready:
+                self.building -= 1
+                self.legs.insert(0, leg)
+                self.ready.notify_all()
+
+        threading.Thread(target=built, daemon=True).start()
+
+    def take(self):
+        with self.ready:
+            while not self.legs and self.building:
+                self.ready.wait()
+            return self.legs.pop(0) if self.legs else None
+
+
+def run_all(options, scratch: Path) -> tuple:
+    """(legs, refusals): every leg, ``--jobs`` at a time; an other-torch leg's environment is built beside the
+    first legs (it is mostly download and unpacking) and its leg runs next once it is ready."""
+    wheels, started = scratch / "wheels", time.perf_counter()
+    download([*options.versions, *UNSUPPORTED, *(v for v, _ in options.other_torch)], wheels)
+    print(f"downloaded the wheels in {time.perf_counter() - started:.0f} s", flush=True)
+    inductor_cache = scratch / "inductor"
+    legs, refusals, lock, errors = {}, {}, threading.Lock(), []
+
+    def report(name: str, leg: dict) -> None:
+        bad = "error" in leg or leg["failures"]  # a release that needs a GPU to import is not a failure here
+        with lock:
+            legs[name] = leg
+            print(f"flashinfer {name}: {'FAILED' if bad else 'ok'} in {leg['seconds']:.0f} s", flush=True)
+            if bad:
+                print(leg.get("error") or "\n".join(leg["failures"]) + "\n" + leg["tail"], flush=True)
+
+    def cpu_leg(version: str):
+        return lambda: report(version, run_leg(install(version, wheels, scratch), inductor_cache))
+
+    def other_torch_leg(version: str, torch: str):
+        begun = time.perf_counter()
+        site = torch_environment(version, torch, scratch)
+        print(f"torch {torch} environment built in {time.perf_counter() - begun:.0f} s", flush=True)
+        return lambda: report(leg_name(version, torch), run_leg(site, inductor_cache))
+
+    queue = Legs(cpu_leg(version) for version in options.versions)
+    for version, torch in options.other_torch:
+        queue.build(lambda version=version, torch=torch: other_torch_leg(version, torch))
+
+    def runner() -> None:
+        while (leg := queue.take()) is not None:
+            try:
+                leg()
+            except BaseException as error:  # reported after the others finish
+                errors.append(error)
+
+    threads = [threading.Thread(target=runner) for _ in range(max(1, options.jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    for version in UNSUPPORTED:
+        refusals[version] = probe_refusal(install(version, wheels, scratch))
+        print(f"flashinfer {version} (unsupported): "
+              f"{'refused cleanly' if refusals[version]['ok'] else refusals[version]}", flush=True)
+    order = [*options.versions, *(leg_name(v, t) for v, t in options.other_torch)]
+    missing = [name for name in order if name not in legs]
+    if missing:
+        raise SystemExit(f"legs that did not run: {', '.join(missing)}")
+    return {name: legs[name] for name in order}, refusals
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "compatibility.md")
+    parser.add_argument("--check", action="store_true", help="fail if the committed --output differs")
+    parser.add_argument("--versions", nargs="+", default=VERSIONS)
+    parser.add_argument("--other-torch", nargs="*", default=OTHER_TORCH, type=lambda s: tuple(s.split(":")),
+                        metavar="FLASHINFER:TORCH", help="legs in their own venv with that torch (default: "
+                        + ", ".join(f"{v}:{t}" for v, t in OTHER_TORCH) + "; none: --other-torch)")
+    parser.add_argument("--jobs", type=int, default=2, help="legs run at once (default 2)")
+    options = parser.parse_args()
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="fp4-matrix-") as scratch:
+        legs, refusals = run_all(options, Path(scratch))
+    failed = any("error" in leg or leg["failures"] for leg in legs.values())
+    failed |= not all(result["ok"] for result in refusals.values())
+    text = render(legs, refusals)
+    print(f"matrix: {len(legs)} legs in {time.perf_counter() - started:.0f} s", flush=True)
+    if options.check:
+        committed = options.output.read_text() if options.output.exists() else ""
+        if committed != text:
+            print(f"{options.output} is stale; regenerate it with: python tools/matrix/run_matrix.py", flush=True)
+            print(text)
+            failed = True
+    else:
+        options.output.write_text(text)
+        print(f"wrote {options.output}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

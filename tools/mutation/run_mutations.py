@@ -1,0 +1,370 @@
+"""Break the shim on purpose, one behaviour at a time, and require a named test to fail each time.
+
+Every entry of ``mutations.MUTATIONS`` replaces one snippet of ``src/`` (it must occur exactly once) in a
+temporary copy of the project and runs the tests it names there; the mutation is *caught* when at least
+one of them fails. The unmutated tree must pass the same tests first, or the list proves nothing: either
+here (the baseline run), or in the JUnit reports of a run of this same checkout (``--baseline-from``, what
+CI passes after its test stages).
+
+    python tools/mutation/run_mutations.py              # the fast subset (what CI runs)
+    python tools/mutation/run_mutations.py --all        # every mutation
+    python tools/mutation/run_mutations.py --only NAME  # one or more by name
+    python tools/mutation/run_mutations.py --gpu        # the GPU tests' mutations, on a GPU machine
+    python tools/mutation/run_mutations.py --baseline-from reports/*.xml
+
+With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
+FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
+those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each mutation is a fresh
+interpreter, since CUDA cannot be used in a forked child once the parent touched it.
+
+Prints one line per mutation (caught by which test, or SURVIVED) and exits 1 when any survives, when a
+snippet is missing or ambiguous, or when the unmutated baseline fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutations import MUTATIONS, Mutation  # noqa: E402
+
+
+#: What a copy needs where there is no git (the GPU machine gets the working tree without .git).
+PROJECT_PARTS = ("src", "tests", "tools", "benchmarks", "docs", "pyproject.toml", "setup.py", "README.md")
+
+
+def copy_project(destination: Path) -> Path:
+    """The tracked files (and untracked, unignored ones) of this checkout, as a fresh tree."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, check=True,
+                                capture_output=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        listed = [str(path.relative_to(ROOT)) for part in PROJECT_PARTS for path in
+                  ([ROOT / part] if (ROOT / part).is_file() else (ROOT / part).rglob("*"))
+                  if path.is_file() and "__pycache__" not in path.parts]
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():
+            target = destination / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target)
+    return destination
+
+
+def _environment(tree: Path) -> dict:
+    environment = dict(os.environ)
+    environment.pop("FP4_DYNAMO_SHIM", None)
+    environment.pop("PYTEST_ADDOPTS", None)  # CI's JUnit option for its own stages
+    environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree / "src"), environment.get("PYTHONPATH")) if p)
+    return environment
+
+
+def _pytest_arguments(tests: tuple, report: Path) -> list:
+    return ["-q", "-x", "-p", "no:cacheprovider", f"--junitxml={report}", *tests]
+
+
+def failed_tests(report: Path) -> list:
+    failed = []
+    if report.exists():
+        for case in ElementTree.parse(report).iter("testcase"):
+            if case.find("failure") is not None or case.find("error") is not None:
+                failed.append(f"{case.get('classname')}::{case.get('name')}")
+    return failed
+
+
+def run_tests(tree: Path, tests: tuple, report: Path, timeout: float) -> tuple:
+    """(return code, failed test ids) of pytest over ``tests`` with ``tree/src`` first on the path."""
+    command = [sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)]
+    try:
+        completed = subprocess.run(command, cwd=tree, env=_environment(tree), capture_output=True, text=True,
+                                   timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", []
+    failed = failed_tests(report)
+    if completed.returncode not in (0, 1):  # collection error, crash, usage error
+        failed.append(f"pytest exit {completed.returncode}: {(completed.stdout + completed.stderr)[-300:]}")
+    return completed.returncode, failed
+
+
+#: What each mutation's pytest would import first; imported once here when mutations run as forks.
+PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor.compile_fx", "flashinfer",
+             "hypothesis", "pytest", "safetensors", "wrapt", "packaging.version")
+
+
+def can_fork() -> bool:
+    """Forking is safe while no CUDA context exists; a CPU-only torch never makes one."""
+    import torch
+
+    return hasattr(os, "fork") and torch.version.cuda is None
+
+
+def preload() -> None:
+    for name in PRELOADED:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    leaked = sorted(name for name in sys.modules if name.split(".")[0] in ("fp4_dynamo_shim", "fp4_dynamo_shim_hook"))
+    if leaked:  # the forks must import the shim from the mutated copy
+        raise RuntimeError(f"preloading imported the shim itself: {leaked}")
+
+
+def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
+    """Start pytest over ``tests`` in a fork of this process, in ``tree``; returns the child's pid."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 3
+    try:
+        descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(descriptor, 1)
+        os.dup2(descriptor, 2)
+        os.chdir(tree)
+        environment = _environment(tree)
+        os.environ.clear()
+        os.environ.update(environment)
+        sys.path.insert(0, str(tree / "src"))
+        import pytest
+
+        code = int(pytest.main(_pytest_arguments(tests, report)))
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+class Forks:
+    """At most ``jobs`` forked pytest runs at once; ``wait()`` returns the next finished one."""
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.running = {}  # pid -> (started, key, report, log)
+
+    def start(self, key, tree: Path, tests: tuple, scratch: Path) -> None:
+        report, log = scratch / f"{tree.name}.xml", scratch / f"{tree.name}.log"
+        report.unlink(missing_ok=True)
+        self.running[fork_tests(tree, tests, report, log)] = (time.perf_counter(), key, report, log)
+
+    def wait(self) -> tuple:
+        """(key, return code or "timeout", failed test ids) of the next run to end."""
+        while True:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid in self.running:
+                _, key, report, log = self.running.pop(pid)
+                code = os.waitstatus_to_exitcode(status)
+                failed = failed_tests(report)
+                if code not in (0, 1):
+                    failed.append(f"pytest exit {code}: {log.read_text(errors='replace')[-300:]}")
+                return key, code, failed
+            now = time.perf_counter()
+            for pid, (started, key, report, log) in list(self.running.items()):
+                if now - started > self.timeout:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    del self.running[pid]
+                    return key, "timeout", []
+            time.sleep(0.05)
+
+
+def passed_in_reports(tests: tuple, reports: list) -> list:
+    """The named tests (``path::name`` or ``path::name[params]`` or ``path``) that did not pass in the JUnit
+    ``reports``: not found, or found failing."""
+    outcomes = {}
+    for report in reports:
+        for case in ElementTree.parse(report).iter("testcase"):
+            path = case.get("classname", "").replace(".", "/") + ".py"
+            bad = case.find("failure") is not None or case.find("error") is not None
+            skipped = case.find("skipped") is not None
+            outcomes.setdefault(f"{path}::{case.get('name')}", set()).add("failed" if bad else
+                                                                           "skipped" if skipped else "passed")
+    missing = []
+    for test in tests:
+        matching = [seen for name, seen in outcomes.items()
+                    if name == test or name.startswith(test + "[") or name.startswith(test + "::")]
+        if not matching or any("failed" in seen for seen in matching) or not any("passed" in s for s in matching):
+            missing.append(test)
+    return missing
+
+
+def apply(tree: Path, mutation: Mutation) -> dict:
+    """Apply ``mutation`` to ``tree`` in place; returns the original texts to restore."""
+    saved = {}
+    for path, old, new in mutation.edits:
+        file = tree / path
+        text = saved.get(path) or file.read_text()
+        saved.setdefault(path, text)
+        current = file.read_text()
+        count = current.count(old)
+        if count != 1:
+            raise LookupError(f"{mutation.name}: the snippet occurs {count} times in {path}: {old[:80]!r}")
+        file.write_text(current.replace(old, new))
+    return saved
+
+
+def restore(tree: Path, saved: dict) -> None:
+    for path, text in saved.items():
+        (tree / path).write_text(text)
+
+
+def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
+    caught = [test for test in failed if not test.startswith("pytest exit")]
+    if code == "timeout":
+        result, detail = "caught", "the named tests timed out"
+    elif caught:
+        result, detail = "caught", caught[0]
+    else:
+        result, detail = "SURVIVED", failed[0] if failed else "every named test passed"
+    return {"name": mutation.name, "result": result, "detail": detail, "seconds": time.perf_counter() - started}
+
+
+def stale(mutation: Mutation, error: LookupError) -> dict:
+    return {"name": mutation.name, "result": "STALE", "detail": str(error), "seconds": 0.0}
+
+
+def check(tree: Path, mutation: Mutation, timeout: float) -> dict:
+    started = time.perf_counter()
+    try:
+        saved = apply(tree, mutation)
+    except LookupError as error:
+        return stale(mutation, error)
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            code, failed = run_tests(tree, mutation.tests, Path(scratch) / "report.xml", timeout)
+    finally:
+        restore(tree, saved)
+    return outcome(mutation, code, failed, started)
+
+
+def run_in_threads(trees: list, selected: list, timeout: float, report) -> None:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(trees)) as pool:
+        free, pending, queue = list(trees), {}, list(selected)
+        while queue or pending:
+            while queue and free:
+                tree, mutation = free.pop(), queue.pop(0)
+                pending[pool.submit(check, tree, mutation, timeout)] = tree
+            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in done:
+                free.append(pending.pop(future))
+                report(future.result())
+
+
+def run_in_forks(trees: list, selected: list, timeout: float, scratch: Path, report) -> None:
+    forks, free, queue = Forks(timeout), list(trees), list(selected)
+    started, saved = {}, {}
+    while queue or forks.running:
+        while queue and free:
+            tree, mutation = free.pop(), queue.pop(0)
+            try:
+                saved[tree] = apply(tree, mutation)
+            except LookupError as error:
+                free.append(tree)
+                report(stale(mutation, error))
+                continue
+            started[tree] = time.perf_counter()
+            forks.start((tree, mutation), tree, mutation.tests, scratch)
+        if not forks.running:
+            continue
+        (tree, mutation), code, failed = forks.wait()
+        restore(tree, saved.pop(tree))
+        free.append(tree)
+        report(outcome(mutation, code, failed, started.pop(tree)))
+
+
+def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -> Optional[str]:
+    """Why the unmutated tree does not pass the named tests, or None. In forks the tests run the way the
+    mutations will, split over the trees. With ``--baseline-from`` the reports stand for the tests marked
+    ``slow`` (each starts fresh interpreters, which a fork cannot change), and the rest run here anyway."""
+    selection = ()
+    if options.baseline_from:
+        missing = passed_in_reports(tests, options.baseline_from)
+        if missing:
+            return f"{len(missing)} named tests did not pass in the given reports ({missing[:3]})"
+        if not forking:
+            return None
+        selection = ("-m", "not slow")
+    if not forking:
+        code, failed = run_tests(trees[0], tests, scratch / "baseline.xml", options.timeout * 4)
+        return None if code == 0 else f"the unmutated tree fails the named tests ({failed[:3]})"
+    forks, chunks = Forks(options.timeout * 4), [tests[i::len(trees)] for i in range(len(trees))]
+    for tree, chunk in zip(trees, chunks):
+        forks.start(tree, tree, chunk + selection, scratch)
+    failures = []
+    while forks.running:
+        _, code, failed = forks.wait()
+        if code not in (0, 5):  # 5: every test of the chunk deselected
+            failures += failed or [f"pytest exit {code}"]
+    return f"the unmutated tree fails the named tests in a fork ({failures[:3]})" if failures else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--all", action="store_true", help="every CPU mutation, not only the fast subset")
+    parser.add_argument("--gpu", action="store_true", help="the GPU mutations (on a GPU machine, run from tests/gpu/run.sh's environment)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these mutations only")
+    parser.add_argument("--jobs", type=int, default=2, help="mutations run at once (default 2)")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation")
+    parser.add_argument("--baseline-from", nargs="+", type=Path, metavar="JUNIT",
+                        help="JUnit reports of a run of this checkout in which every named test passed (skips the "
+                             "baseline run)")
+    parser.add_argument("--no-fork", action="store_true", help="a fresh interpreter per mutation")
+    options = parser.parse_args()
+    names = {m.name for m in MUTATIONS}
+    if len(names) != len(MUTATIONS):
+        print("mutation names must be unique", file=sys.stderr)
+        return 1
+    if options.only:
+        unknown = set(options.only) - names
+        if unknown:
+            print(f"unknown mutations: {', '.join(sorted(unknown))}", file=sys.stderr)
+            return 1
+        selected = [m for m in MUTATIONS if m.name in options.only]
+    elif options.gpu:
+        selected = [m for m in MUTATIONS if m.gpu]
+    else:
+        selected = [m for m in MUTATIONS if not m.gpu and (options.all or m.fast)]
+    started = time.perf_counter()
+    forking = not options.no_fork and can_fork()
+    if forking:
+        preload()
+        print(f"preloaded {', '.join(PRELOADED)} ({time.perf_counter() - started:.0f} s); each mutation runs in a fork",
+              flush=True)
+    results = []
+
+    def report(result: dict) -> None:
+        results.append(result)
+        print(f"{result['result']:8} {result['name']:44} {result['detail']} [{result['seconds']:.0f} s]", flush=True)
+
+    with tempfile.TemporaryDirectory() as scratch:
+        trees = [copy_project(Path(scratch) / f"tree{i}") for i in range(max(1, options.jobs))]
+        baseline_tests = tuple(sorted({test for m in selected for test in m.tests}))
+        problem = baseline(trees, baseline_tests, options, Path(scratch), forking)
+        if problem:
+            print(f"baseline: {problem}; fix that first")
+            return 1
+        print(f"baseline: the {len(baseline_tests)} named tests pass unmutated ({time.perf_counter() - started:.0f} s)",
+              flush=True)
+        if forking:
+            run_in_forks(trees, selected, options.timeout, Path(scratch), report)
+        else:
+            run_in_threads(trees, selected, options.timeout, report)
+    bad = [r for r in results if r["result"] != "caught"]
+    print(f"{len(results) - len(bad)}/{len(results)} mutations caught in {time.perf_counter() - started:.0f} s"
+          + (f"; not caught: {', '.join(r['name'] for r in bad)}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,361 @@
+"""Generated mutation testing with mutmut over the modules whose bugs are silent, checked against a list.
+
+mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that
+function (its common settings are ``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py lets its
+trampolines run under torch.compile and keeps a mutant's session cheap). The modules are run in GROUPS, each
+in its own temporary copy of the project with its own test selection: the fast tests that protect those
+modules, so a surviving mutant (which runs every selected test that reaches its function) costs seconds,
+not the whole suite. The outcome is held against ``survivors.txt``: every surviving mutant must be listed
+there with the reason it is equivalent, and every listed one must still exist and still survive. It prints
+the killed ratio per module, listed mutants excluded.
+
+    python tools/mutation/run_mutmut.py --save          # the full run; writes mutmut_results.json (committed)
+    python tools/mutation/run_mutmut.py --module layout # the group holding one module (its other modules too)
+    python tools/mutation/run_mutmut.py --sample 40     # CI: a fixed-seed sample of the committed results
+
+Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import fnmatch
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SURVIVORS = HERE / "survivors.txt"
+RESULTS = HERE / "mutmut_results.json"
+#: Each group's stats from the last full run (which test reaches which function, and what it costs), so
+#: a sample run reuses them instead of running the group's whole selection once more.
+STATS = HERE / "mutmut_stats"
+sys.path.insert(0, str(HERE))
+from run_mutations import copy_project  # noqa: E402
+
+_SUBPROCESS_TESTS = (  # minutes of venvs and children, which mutmut's trampolines do not follow
+    "--deselect", "tests/lifecycle/test_edges.py::test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch",
+    "--deselect", "tests/lifecycle/test_lifecycle.py::test_import_without_flashinfer_installed_succeeds_and_says_so",
+)
+#: Tests that compare a compiled region with eager execution, where both compute with the same reference
+#: arithmetic: they see a mutant of it only if it breaks tracing, and cost an inductor build per run.
+_COMPILED_AGAINST_EAGER = (
+    "--deselect", "tests/fp4/test_family.py::test_traces_with_no_graph_breaks_runs_and_matches_eager",
+    "--deselect", "tests/fp4/test_properties.py::test_compiled_fp4_quantize_matches_eager",
+)
+_STATUS_PROPERTY = ("--deselect", "tests/fp4/test_properties.py::test_status_keeps_its_keys_and_names_every_unknown_value")
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """Modules run together: their files, the mutant names in scope per module, the tests that protect them."""
+
+    name: str
+    modules: dict
+    tests: tuple
+
+    @property
+    def slug(self) -> str:
+        return re.sub(r"\W+", "-", self.name)
+
+
+def _package_file(pattern: str) -> str:
+    module = pattern.split(".x")[0].rstrip(".*")
+    return "src/" + module.replace(".", "/") + ".py"
+
+
+GROUPS = (  # cheapest first
+    Group("arithmetic", {
+        "fp4_arithmetic": ["_fp4_dynamo_shim.fp4.arithmetic.*"],
+        "reference": ["_fp4_dynamo_shim.fp4.reference.*"],
+        "layout": ["_fp4_dynamo_shim.fp4.layout.*"],
+    }, ("tests/fp4/test_reference.py", "tests/fp4/test_kernel_modes.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py",
+        "tests/fp4/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
+    Group("start-up and tables", {
+        "hook switch": ["fp4_dynamo_shim_hook.x_switch__mutmut_*"],
+        "targets": ["_fp4_dynamo_shim.fp4.releases.*"],
+    }, ("tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py", *_SUBPROCESS_TESTS,
+        "tests/fp4/test_op.py::test_each_release_gets_the_row_its_wheel_calls_for",
+        "tests/fp4/test_op.py::test_swizzled_scale_factor_columns_follow_the_release",
+        "tests/fp4/test_op.py::test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it",
+        "tests/fp4/test_op.py::test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row",
+        "tests/fp4/test_flashinfer_op.py::test_the_release_table_says_what_flashinfers_op_body_does")),
+    Group("checks", {
+        "checks": ["_fp4_dynamo_shim.verify.checks.*"],
+    }, ("tests/verify/test_checks.py", "tests/lifecycle/test_edges.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
+        "tests/fp4/test_flashinfer_op.py::test_verify_compiles_flashinfers_op_with_a_kernel_that_cannot_take_fake_tensors")),
+    Group("family", {
+        "family_ops": ["_fp4_dynamo_shim.fp4.family_ops.*"],
+        "family": ["_fp4_dynamo_shim.fp4.family.*"],
+    }, ("tests/fp4/test_family.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
+        *_STATUS_PROPERTY)),
+    Group("tracing", {
+        "wrapper (direct path)": ["_fp4_dynamo_shim.fp4.replacement.x__direct_path__mutmut_*",
+                                  "_fp4_dynamo_shim.fp4.replacement.x_build__mutmut_*"],
+        "ops": ["_fp4_dynamo_shim.fp4.quantize_op.*"],
+        "flashinfer_op": ["_fp4_dynamo_shim.fp4.flashinfer_op.*"],
+    }, ("tests/fp4/test_op.py", "tests/fp4/test_compile.py", "tests/fp4/test_flashinfer_op.py", "tests/fp4/test_parity.py",
+        "tests/fp4/test_battery.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py",
+        *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
+)
+KILLED = {"killed", "timeout", "caught by type check", "segfault"}
+
+
+def group_files(group: Group) -> list:
+    return sorted({_package_file(p) for patterns in group.modules.values() for p in patterns})
+
+
+def module_of(name: str):
+    for group in GROUPS:
+        for module, patterns in group.modules.items():
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+                return module
+    return None
+
+
+def group_of_module(module: str) -> Group:
+    return next(group for group in GROUPS if module in group.modules)
+
+
+#: How a listed survivor counts: an equivalent mutant is left out of the score; one that could not be
+#: killed here (it differs only on a GPU, or no test found yet tells it apart) counts as not killed.
+KINDS = ("equivalent", "gpu-only", "open")
+
+
+def read_survivors() -> dict:
+    """name -> (kind, reason), from ``survivors.txt``: ``name  # kind: reason`` per line, kind one of KINDS
+    (blank lines and comment lines skipped)."""
+    listed = {}
+    for line in SURVIVORS.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, _, note = line.partition("#")
+        kind, _, reason = note.partition(":")
+        if kind.strip() not in KINDS or not reason.strip():
+            raise SystemExit(f"{SURVIVORS.name}: {name.strip()}: expected '# kind: reason', kind one of {KINDS}")
+        listed[name.strip()] = (kind.strip(), reason.strip())
+    return listed
+
+
+def _toml_list(values) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def configure_tree(tree: Path, group: Group) -> None:
+    """The group's files and test selection in the copy's ``[tool.mutmut]`` (the rest stays pyproject's)."""
+    pyproject = tree / "pyproject.toml"
+    text = pyproject.read_text()
+    for key, values in (("only_mutate", group_files(group)), ("pytest_add_cli_args_test_selection", group.tests)):
+        text, count = re.subn(rf"(?ms)^{key} = \[.*?\]$", lambda _: f"{key} = {_toml_list(values)}", text)
+        assert count == 1, f"pyproject.toml: [tool.mutmut] {key} not found once"
+    pyproject.write_text(text)
+
+
+def mutmut(tree: Path, *arguments, log=None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k not in ("FP4_DYNAMO_SHIM", "MUTANT_UNDER_TEST")}
+    environment.setdefault("OMP_NUM_THREADS", "1")  # two cores, shared: one thread per mutant
+    environment["PYTHONDONTWRITEBYTECODE"] = "1"
+    if log is None:
+        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
+                              capture_output=True, text=True)
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
+                              stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def results(tree: Path) -> dict:
+    """name -> status of every mutant mutmut has a result for (``mutmut results --all true``)."""
+    completed = mutmut(tree, "results", "--all", "true")
+    outcome = {}
+    for line in completed.stdout.splitlines():
+        match = re.fullmatch(r"\s*(\S+): (.+)", line)
+        if match:
+            outcome[match.group(1)] = match.group(2).strip()
+    return outcome
+
+
+def diff_of(tree: Path, name: str) -> str:
+    shown = mutmut(tree, "show", name).stdout
+    return "\n".join(line for line in shown.splitlines()[1:] if line.startswith(("+", "-"))
+                     and not line.startswith(("+++", "---")))
+
+
+def run_group(group: Group, names, scratch: Path, children: int, stats_from=None) -> tuple:
+    """(name -> status, name -> diff of each mutant not killed, seconds, mutmut's log tail) for one group."""
+    started = time.perf_counter()
+    tree = scratch / group.slug
+    if not (tree / "pyproject.toml").exists():
+        copy_project(tree)
+        configure_tree(tree, group)
+    if stats_from is not None and stats_from.exists():
+        (tree / "mutants").mkdir(exist_ok=True)
+        shutil.copy(stats_from, tree / "mutants" / "mutmut-stats.json")
+    log = scratch / f"{tree.name}.log"
+    patterns = [p for patterns in group.modules.values() for p in patterns]
+    run = mutmut(tree, "run", "--max-children", str(children), *(names or patterns), log=log)
+    outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    if names is not None:
+        outcome = {n: s for n, s in outcome.items() if any(fnmatch.fnmatchcase(n, p) for p in names)}
+    diffs = {n: diff_of(tree, n) for n, s in outcome.items() if s not in KILLED}
+    tail = log.read_text()[-3000:]
+    if run.returncode != 0:
+        outcome = {}
+    stats = tree / "mutants" / "mutmut-stats.json"
+    if stats.exists():
+        shutil.copy(stats, scratch / f"{tree.name}.stats.json")
+    return outcome, diffs, time.perf_counter() - started, tail
+
+
+def commit() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def scores_of(outcome: dict, listed: dict, modules) -> dict:
+    scores = {}
+    for module in modules:
+        names = [n for n in outcome if module_of(n) == module]
+        killed = sum(outcome[n] in KILLED for n in names)
+        kinds = {kind: sum(n in listed and listed[n][0] == kind and outcome[n] not in KILLED for n in names)
+                 for kind in KINDS}
+        scored = len(names) - kinds["equivalent"]
+        scores[module] = {"mutants": len(names), "killed": killed, **kinds,
+                          "score": round(killed / scored, 4) if scored else None}
+    return scores
+
+
+def print_scores(scores: dict) -> None:
+    print(f"{'module':24} {'mutants':>8} {'killed':>7} {'equiv.':>7} {'gpu-only':>8} {'open':>5} {'score':>7}")
+    rows = list(scores.items())
+    total = {key: sum(s[key] for s in scores.values()) for key in ("mutants", "killed", *KINDS)}
+    scored = total["mutants"] - total["equivalent"]
+    rows.append(("all", {**total, "score": total["killed"] / scored if scored else None}))
+    for module, s in rows:
+        score = f"{100 * s['score']:.1f}%" if s["score"] is not None else "-"
+        print(f"{module:24} {s['mutants']:8} {s['killed']:7} {s['equivalent']:7} {s['gpu-only']:8} {s['open']:5} "
+              f"{score:>7}")
+
+
+def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, children: int) -> None:
+    """Merge this run's groups into mutmut_results.json (each group keeps the date and commit it was run at)."""
+    record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    mutants, not_killed, runs = record.get("mutants", {}), record.get("not_killed", {}), record.get("groups", {})
+    for group in groups:
+        if group.name not in seconds:
+            continue
+        mutants = {n: s for n, s in mutants.items() if module_of(n) not in group.modules}
+        not_killed = {n: d for n, d in not_killed.items() if module_of(n) not in group.modules}
+        runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": commit(),
+                            "seconds": round(seconds[group.name]), "max_children": children,
+                            "mutants": sum(module_of(n) in group.modules for n in outcome)}
+    mutants.update(outcome)
+    not_killed.update({n: diffs.get(n, "") for n, s in outcome.items() if s not in KILLED})
+    all_modules = [m for g in GROUPS for m in g.modules]
+    record = {"command": "python tools/mutation/run_mutmut.py --save", "groups": runs,
+              "scores": scores_of(mutants, listed, all_modules), "mutants": dict(sorted(mutants.items())),
+              "not_killed": dict(sorted(not_killed.items()))}
+    RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    all_modules = [m for g in GROUPS for m in g.modules]
+    parser.add_argument("--module", action="append", choices=all_modules,
+                        help="the groups holding these modules (default: every group)")
+    parser.add_argument("--mutant", action="append", help="only these mutants (names or globs); not saved")
+    parser.add_argument("--sample", type=int, help="this many mutants of the committed results, fixed seed (CI)")
+    parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
+    parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
+    parser.add_argument("--save", action="store_true",
+                        help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
+    parser.add_argument("--keep", type=Path, help="run in (and keep) this directory instead of a temporary one")
+    options = parser.parse_args()
+    listed = read_survivors()
+    groups = [g for g in GROUPS if not options.module or set(g.modules) & set(options.module)]
+    if options.mutant:
+        groups = [g for g in groups if any(fnmatch.fnmatchcase(p, m) or fnmatch.fnmatchcase(m, p) for m in options.mutant
+                                           for patterns in g.modules.values() for p in patterns)]
+    modules = [m for g in groups for m in g.modules]
+    names_by_group = {g.name: None for g in groups}
+    if options.sample:
+        committed = json.loads(RESULTS.read_text())["mutants"]
+        population = sorted(n for n in committed if module_of(n) in modules)
+        selected = sorted(random.Random(options.seed).sample(population, min(options.sample, len(population))))
+        names_by_group = {g.name: [n for n in selected if module_of(n) in g.modules] for g in groups}
+    elif options.mutant:
+        names_by_group = {g.name: options.mutant for g in groups}
+    names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
+    partial = bool(options.sample or options.mutant)
+    started = time.perf_counter()
+    scratch = options.keep or Path(tempfile.mkdtemp(prefix="fp4-mutmut-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    outcome, diffs, seconds, problems = {}, {}, {}, []
+    try:
+        for group in groups:
+            if group.name not in names_by_group:
+                continue
+            names = names_by_group[group.name]
+            stats_from = STATS / f"{group.slug}.json" if options.sample else None
+            print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
+                  flush=True)
+            got, got_diffs, took, tail = run_group(group, names, scratch, options.max_children, stats_from)
+            print(f"[{group.name}] {len(got)} results in {took:.0f} s", flush=True)
+            if not got:
+                print(tail)
+                problems.append(f"{group.name}: mutmut produced no results")
+                continue
+            if options.sample:
+                missing = sorted(set(names) - set(got))
+                if missing:
+                    problems.append(f"{group.name}: {len(missing)} sampled mutant(s) no longer exist "
+                                    f"({', '.join(missing[:5])}...): the committed full run is stale, run it again")
+            seconds[group.name] = took
+            outcome.update(got)
+            diffs.update(got_diffs)
+            if options.save and not partial and (scratch / f"{group.slug}.stats.json").exists():
+                STATS.mkdir(exist_ok=True)
+                stats = json.loads((scratch / f"{group.slug}.stats.json").read_text())
+                (STATS / f"{group.slug}.json").write_text(json.dumps(stats, indent=0, sort_keys=True) + "\n")
+    finally:
+        if not options.keep:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    for name, status in sorted(outcome.items()):
+        if status in KILLED:
+            if name in listed:
+                problems.append(f"{name}: listed in {SURVIVORS.name} but now {status}; take it off the list")
+        elif name not in listed:
+            problems.append(f"{name}: {status}, not listed in {SURVIVORS.name} (kill it with a test, or list it "
+                            f"with its kind and reason)\n{diffs.get(name, '')}")
+    if not partial:
+        for name in listed:
+            if module_of(name) in modules and name not in outcome and group_of_module(module_of(name)).name in seconds:
+                problems.append(f"{name}: listed in {SURVIVORS.name} but no such mutant exists any more")
+    print_scores(scores_of(outcome, listed, modules))
+    print(f"({time.perf_counter() - started:.0f} s)")
+    for problem in problems:
+        print("PROBLEM", problem)
+    if options.save and not partial:
+        save(outcome, diffs, seconds, groups, listed, options.max_children)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
