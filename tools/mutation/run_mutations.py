@@ -300,7 +300,8 @@ def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -
         return None if code == 0 else f"the unmutated tree fails the named tests ({failed[:3]})"
     forks, chunks = Forks(options.timeout * 4), [tests[i::len(trees)] for i in range(len(trees))]
     for tree, chunk in zip(trees, chunks):
-        forks.start(tree, tree, chunk + selection, scratch)
+        if chunk:  # an empty chunk would be pytest with no test named: the whole suite
+            forks.start(tree, tree, chunk + selection, scratch)
     failures = []
     while forks.running:
         _, code, failed = forks.wait()
