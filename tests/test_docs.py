@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.verify import checks
+from _fp4_dynamo_shim.verify import workers as checks
 from _fp4_dynamo_shim.routes import site_files as hook
 from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.verify import report as verify

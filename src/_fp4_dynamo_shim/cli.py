@@ -1,8 +1,8 @@
 """fp4-dynamo-shim / python -m fp4_dynamo_shim: verify, status, install-hook, uninstall-hook.
 
-The package is imported here without applying the shim (``fp4_dynamo_shim_hook.import_route``), and only
-``verify`` applies it: ``--version``, ``--help`` and the hook commands load neither torch nor FlashInfer,
-and ``status`` reports this process without changing it.
+Nothing here applies the shim except ``verify``, which applies it as its first check: ``--version``,
+``--help`` and the hook commands load neither torch nor FlashInfer, and ``status`` reports this process
+without changing it.
 
 Exit codes: 0 ok, 1 a check failed (verify) or the hook could not be installed so that it runs,
 2 the shim is not applied (verify), 3 usage error.
@@ -10,22 +10,13 @@ Exit codes: 0 ok, 1 a check failed (verify) or the hook could not be installed s
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-EXIT_OK, EXIT_FAILED, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2, 3
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with the project's exit code for usage errors (3; argparse's own 2 means "not applied" here)."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+from .errors import EXIT_FAILED, EXIT_OK, UsageParser as Parser
 
 
 def _parser():
@@ -55,9 +46,9 @@ def _parser():
 def version() -> str:
     """The package's own version string: asking importlib.metadata instead scans every installed distribution
     (60-80 ms of the 90 ms `--version` took in this project's venvs)."""
-    import fp4_dynamo_shim
+    from . import __version__
 
-    return fp4_dynamo_shim.__version__
+    return __version__
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -69,9 +60,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = _parser()
     options = parser.parse_args(argv)
     if options.command == "status":
-        import fp4_dynamo_shim
+        from . import lifecycle
 
-        print(json.dumps(fp4_dynamo_shim.status(), indent=2))
+        print(json.dumps(lifecycle.status(), indent=2))
         return EXIT_OK
     from _fp4_dynamo_shim.routes import site_files as hook
 
@@ -97,12 +88,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def _kill_switch_note() -> Optional[str]:
     """What install-hook says when the kill switch is on here: the hook is in place, and does nothing."""
-    import fp4_dynamo_shim_hook as startup
+    from . import switches
 
-    disabled, _ = startup.switch(startup.DISABLE_VARIABLE)
+    disabled, _ = switches.read(switches.DISABLE)
     if not disabled:
         return None
-    return (f"{startup.DISABLE_VARIABLE}={os.environ[startup.DISABLE_VARIABLE]} is set in this environment: the "
+    return (f"{switches.DISABLE}={os.environ[switches.DISABLE]} is set in this environment: the "
             "hook is installed (checked without the variable), but it applies nothing in any process that "
             "inherits the variable. Unset it to have the shim applied.")
 

@@ -1,4 +1,7 @@
-"""Exceptions the shim raises, so callers can tell its refusals apart."""
+"""Exceptions the shim raises, so callers can tell its refusals apart, and the command line's exit codes."""
+
+import argparse
+import sys
 
 
 class ShimError(RuntimeError):
@@ -27,3 +30,16 @@ class InvalidArgumentError(ValueError, RuntimeError):
     A ValueError, because that is what it is, and a RuntimeError, because that is what FlashInfer's
     kernel checks raise for the same inputs: ``except RuntimeError`` written for FlashInfer keeps working.
     """
+
+
+
+#: The command line's exit codes (``fp4-dynamo-shim``, ``python -m fp4_dynamo_shim.verify``).
+EXIT_OK, EXIT_FAILED, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2, 3
+
+
+class UsageParser(argparse.ArgumentParser):
+    """argparse with the project's exit code for usage errors (3; argparse's own 2 means "not applied" here)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import settings as config
+from . import switches
 from . import cuda_version
 from _fp4_dynamo_shim.declared import layer as declared_ops
 from _fp4_dynamo_shim.fp4 import family
@@ -64,17 +64,10 @@ class _Applied:
 _lock = threading.RLock()
 _applied: Optional[_Applied] = None
 _last_problem: Optional[str] = "not applied in this process (apply() has not run)"
-_warned: set = set()
 #: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it), and the
 #: value it replaced (one the hook does not understand), which revert() puts back.
 _exported = False
 _replaced_value: Optional[str] = None
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned and message not in config.startup_warnings:
-        _warned.add(message)
-        logger.warning(message)
 
 
 def flashinfer_version() -> Optional[str]:
@@ -92,7 +85,7 @@ def _refuse(message: str, settings: Settings, *, warn: bool = True, strict: bool
     if strict and settings.strict:
         raise ApplyError(message) from cause
     if warn:
-        _warn_once(f"fp4_dynamo_shim not applied: {message}")
+        switches.warn(f"fp4_dynamo_shim not applied: {message}")
     return False
 
 
@@ -111,9 +104,9 @@ def apply(route: str = "apply()") -> bool:
         for problem in settings.problems:
             if settings.strict:
                 _refuse(problem, settings)
-            _warn_once(problem)
+            switches.warn(problem)
         if settings.disabled:
-            return _refuse(f"{config.DISABLE}=1 is set: the shim is switched off on every route", settings,
+            return _refuse(f"{switches.DISABLE}=1 is set: the shim is switched off on every route", settings,
                            warn=False, strict=False)
         version = flashinfer_version()
         if version is None:
@@ -194,19 +187,19 @@ def export_for_children() -> None:
     a child. A value it does not understand would leave every child without the shim: it is replaced, and
     the warning names it."""
     global _exported, _replaced_value
-    value = os.environ.get(config.HOOK, "")
-    if not value.strip() or config.switch(config.HOOK)[1]:
-        os.environ[config.HOOK] = "1"
+    value = os.environ.get(switches.HOOK, "")
+    if not value.strip() or switches.read(switches.HOOK)[1]:
+        os.environ[switches.HOOK] = "1"
         _exported, _replaced_value = True, value if value.strip() else None
         if _replaced_value is not None:
-            _warn_once(f"import fp4_dynamo_shim set {config.HOOK}=1 for child processes in place of "
+            switches.warn(f"import fp4_dynamo_shim set {switches.HOOK}=1 for child processes in place of "
                        f"{value!r}, which the import hook does not understand (children would run without "
                        "the shim); revert() puts it back")
     routes = hook.installed_routes()
     if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
         plugin = sglang_releases.plugin_entry_point()
-        _warn_once(
-            f"import fp4_dynamo_shim exports {config.HOOK}=1 for child processes, but no import hook is installed "
+        switches.warn(
+            f"import fp4_dynamo_shim exports {switches.HOOK}=1 for child processes, but no import hook is installed "
             f"where they start (no {hook.PACKAGE_PTH} or {hook.HOOK_PTH} in {', '.join(map(str, hook.site_dirs())) or 'any site directory'}"
             + (f"; {routes['sitecustomize_shadowed_by']} shadows the sitecustomize block" if routes["sitecustomize_shadowed_by"] else "")
             + "), so spawned workers such as SGLang's schedulers will not apply the shim"
@@ -219,11 +212,11 @@ def export_for_children() -> None:
 def user_environment() -> dict:
     """``os.environ`` as the user set it: without what ``export_for_children()`` changed here."""
     environment = dict(os.environ)
-    if _exported and environment.get(config.HOOK) == "1":
+    if _exported and environment.get(switches.HOOK) == "1":
         if _replaced_value is None:
-            del environment[config.HOOK]
+            del environment[switches.HOOK]
         else:
-            environment[config.HOOK] = _replaced_value
+            environment[switches.HOOK] = _replaced_value
     return environment
 
 
@@ -238,11 +231,11 @@ def revert() -> bool:
     """
     global _applied, _last_problem, _exported, _replaced_value
     with _lock:
-        if _exported and os.environ.get(config.HOOK) == "1":
+        if _exported and os.environ.get(switches.HOOK) == "1":
             if _replaced_value is None:
-                del os.environ[config.HOOK]
+                del os.environ[switches.HOOK]
             else:
-                os.environ[config.HOOK] = _replaced_value
+                os.environ[switches.HOOK] = _replaced_value
         _exported, _replaced_value = False, None
         if _applied is None:
             return False
@@ -305,7 +298,7 @@ def status() -> dict:
             "strict": settings.strict,
             "warnings": list(settings.problems),
             "routes": {**hook.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
-            "children": {config.HOOK: os.environ.get(config.HOOK), "exported_by_import": _exported},
+            "children": {switches.HOOK: os.environ.get(switches.HOOK), "exported_by_import": _exported},
             "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
             "skipped": None, "flashinfer_ops": None,
         }

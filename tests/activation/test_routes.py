@@ -20,6 +20,7 @@ import pytest
 
 import fp4_dynamo_shim
 import venvs
+from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim import settings as config
 from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.entry import sglang_plugin as sglang
@@ -103,7 +104,7 @@ def test_where_no_hook_can_run_the_import_warns_and_verify_fails_the_worker_chec
 @pytest.fixture
 def reverted(monkeypatch):
     fp4_dynamo_shim.revert()
-    patching._warned.clear()
+    switches.warned.clear()
     yield monkeypatch
 
 

@@ -23,7 +23,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import fp4_dynamo_shim
-import fp4_dynamo_shim_hook as startup
+from _fp4_dynamo_shim import switches
 import fp4_oracle
 from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
 from _fp4_dynamo_shim.fp4 import layout
@@ -39,6 +39,9 @@ INSTALLED = fp4_oracle.release_of(patching.flashinfer_version())
 ROW_VERSIONS = ("0.6.11", "0.6.12", "0.6.13", "0.7.1", "0.7.4")
 SWITCHES = ("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_NVFP4_4OVER6",
             "FLASHINFER_NVFP4_4OVER6_ERR_MODE", "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH")
+
+#: An on/off variable: every one is read by the same parser.
+SWITCH = switches.STRICT
 
 
 # --- strategies -------------------------------------------------------------------------------------------
@@ -481,7 +484,7 @@ def test_mm_fp4_matches_the_oracles_dequantized_product(data, is_8x4, with_alpha
 
 # --- switches ----------------------------------------------------------------------------------------------
 
-WORDS = startup.TRUE + startup.FALSE
+WORDS = switches.TRUE + switches.FALSE + ("",)  # unset and empty are off too
 spellings = st.one_of(
     st.tuples(st.sampled_from(WORDS), st.lists(st.booleans(), min_size=5, max_size=5), st.sampled_from(["", " ", "\t", "\n "]))
     .map(lambda t: t[2] + "".join(c.upper() if up else c for c, up in zip(t[0], t[1] + [False] * 10)) + t[2]),
@@ -491,12 +494,12 @@ spellings = st.one_of(
 
 @given(raw=spellings)
 def test_a_switch_reads_every_spelling_of_its_words_and_names_anything_else(raw):
-    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": raw})
+    value, problem = switches.read(SWITCH, {SWITCH: raw})
     word = raw.strip().lower()
-    assert value == (word in startup.TRUE)
+    assert value == (word in switches.TRUE)
     assert (problem is None) == (word in WORDS)
     if problem:
-        assert "SOME_SWITCH" in problem and repr(raw) in problem
+        assert SWITCH in problem and repr(raw) in problem
 
 
 @given(environ=environments())

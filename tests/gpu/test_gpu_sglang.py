@@ -14,7 +14,7 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.verify import sglang
 from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
 release = sglang_releases.release_for(sglang_releases.installed_version())

@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-import fp4_dynamo_shim_hook as startup
+from _fp4_dynamo_shim import switches
+from _fp4_dynamo_shim.entry import startup
 import fp4_oracle
 from _fp4_dynamo_shim.verify import checks
 from _fp4_dynamo_shim.fp4 import quantize_op as ops
@@ -29,6 +30,9 @@ from _fp4_dynamo_shim.fp4.arithmetic import FourOverSix, Recipe
 from helpers import run_python
 
 ROW_0_6_12 = targets.target_for("0.6.12").arithmetic
+
+#: An on/off variable: every one is read by the same parser.
+SWITCH = switches.STRICT
 
 
 def row_of(values, width=16, dtype=torch.bfloat16):
@@ -233,13 +237,13 @@ def test_dequantize_applies_the_global_scale_only_for_ufp8_type_1(ufp8_type, fac
 @pytest.mark.parametrize("raw, value", [("TRUE", True), ("On", True), (" Yes ", True), ("1", True), ("oN\n", True),
                                         ("FALSE", False), ("Off", False), ("NO", False), ("0", False), ("", False)])
 def test_switch_values_are_case_insensitive_and_stripped(raw, value):
-    assert startup.switch("SOME_SWITCH", {"SOME_SWITCH": raw}) == (value, None)
+    assert switches.read(SWITCH, {SWITCH: raw}) == (value, None)
 
 
 @pytest.mark.parametrize("raw", ["2", "enabled", "TRUE!", "o n"])
 def test_an_unknown_switch_value_is_off_with_a_problem_naming_it(raw):
-    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": raw})
-    assert value is False and "SOME_SWITCH" in problem and repr(raw) in problem
+    value, problem = switches.read(SWITCH, {SWITCH: raw})
+    assert value is False and SWITCH in problem and repr(raw) in problem
 
 
 @pytest.mark.slow
@@ -247,7 +251,7 @@ def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_
     from _fp4_dynamo_shim.routes import site_files as hook
 
     hook.install_hook(tmp_path, check=False)  # the block calls install() with its default route
-    code = ("import sys, flashinfer, fp4_dynamo_shim_hook as h; s = sys.modules.get('fp4_dynamo_shim'); "
+    code = ("import sys, flashinfer, _fp4_dynamo_shim.entry.startup as h; s = sys.modules.get('_fp4_dynamo_shim.lifecycle'); "
             "print(h.route, s.status()['activated_by'] if s else None)")
     assert run_python(code, extra_path=str(tmp_path)).stdout.split() == ["sitecustomize", "sitecustomize"]
     # FP4_DYNAMO_SHIM_DISABLE=1: install() puts no hook in place at all (not merely a refusing apply()).
@@ -258,7 +262,7 @@ def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_
 def test_install_honours_the_kill_switch_in_process(monkeypatch):
     monkeypatch.setattr(startup, "_installed", False)
     monkeypatch.setattr(startup, "route", None)
-    monkeypatch.setenv(startup.DISABLE_VARIABLE, "Yes")
+    monkeypatch.setenv(switches.DISABLE, "Yes")
     before = list(sys.meta_path)
     startup.install()
     assert startup.route is None and sys.meta_path == before
@@ -393,8 +397,8 @@ def test_each_version_string_finds_its_release_row(version, row):
 
 
 def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_accepted():
-    assert startup.switch("SOME_SWITCH", {}) == (False, None)
-    assert startup.switch("SOME_SWITCH", {"OTHER": "1"}) == (False, None)
-    value, problem = startup.switch("SOME_SWITCH", {"SOME_SWITCH": "maybe"})
-    assert (value, problem) == (False, "SOME_SWITCH='maybe' is not understood; use 1, true, yes or on to switch it "
+    assert switches.read(SWITCH, {}) == (False, None)
+    assert switches.read(SWITCH, {"OTHER": "1"}) == (False, None)
+    value, problem = switches.read(SWITCH, {SWITCH: "maybe"})
+    assert (value, problem) == (False, f"{SWITCH}='maybe' is not understood; use 1, true, yes or on to switch it "
                                        "on, or 0, false, no, off or unset for off (treated as off)")

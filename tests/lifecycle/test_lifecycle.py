@@ -16,6 +16,7 @@ import torch
 from packaging.version import Version
 
 import fp4_dynamo_shim
+from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.fp4 import family
 from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.fp4 import replacement as wrapper
@@ -123,7 +124,7 @@ def test_unsupported_version_warns_once_and_patches_nothing(monkeypatch, caplog)
     fp4_dynamo_shim.revert()
     original = flashinfer.fp4_quantize
     monkeypatch.setattr(patching, "flashinfer_version", lambda: "0.4.1")
-    patching._warned.clear()
+    switches.warned.clear()
     with caplog.at_level(logging.WARNING, logger="fp4_dynamo_shim"):
         assert not fp4_dynamo_shim.apply()
         assert not fp4_dynamo_shim.apply()

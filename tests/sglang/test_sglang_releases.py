@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from _fp4_dynamo_shim.verify import checks
+from _fp4_dynamo_shim.verify import sglang as checks
 from _fp4_dynamo_shim.fp4 import family
 from _fp4_dynamo_shim.sglang import releases as sglang_releases
 from _fp4_dynamo_shim.sglang import source as sglang_source

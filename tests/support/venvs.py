@@ -118,7 +118,7 @@ def child(queue):
     import flashinfer, torch
     from flashinfer import fp4_quantize
     patched = getattr(fp4_quantize, "__fp4_dynamo_shim__", False)
-    result = {"patched": patched, "shim_imported": "fp4_dynamo_shim" in sys.modules}
+    result = {"patched": patched, "shim_imported": "_fp4_dynamo_shim.lifecycle" in sys.modules}
     if patched:
         device = os.environ.get("FP4_DYNAMO_SHIM_TEST_DEVICE", "cpu")
         x = torch.randn(16, 128, dtype=torch.bfloat16, device=device)

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.verify import checks
+from _fp4_dynamo_shim.verify import checks, report
+from _fp4_dynamo_shim.verify import sglang as sglang_checks
 from _fp4_dynamo_shim.fp4 import flashinfer_op
 from _fp4_dynamo_shim.fp4 import quantize_op as ops
 from _fp4_dynamo_shim import lifecycle as patching
@@ -89,15 +90,15 @@ def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
         with pytest.raises(checks.Skip, match=reason):
             check("cpu")
     with pytest.raises(checks.Skip):
-        checks.check_sglang_compile_path("cpu")
+        sglang_checks.check_sglang_compile_path("cpu")
     assert fp4_dynamo_shim.status()["applied"]  # check_baseline reverts only on a GPU
 
 
 def test_every_check_is_listed_once_in_verifys_order():
-    names = [name for name, _ in checks.CHECKS]
+    names = [name for name, _ in report.checks()]
     assert names == ["trace-static", "trace-dynamic", "opcheck", "compiled-vs-eager", "cuda-graph", "flashinfer-op",
                      "sglang-release", "sglang-compile", "family", "flashinfer-ops", "worker-activation"]
-    assert all(callable(check) and check.__name__.startswith("check_") for _, check in checks.CHECKS)
+    assert all(callable(check) and check.__name__.startswith("check_") for _, check in report.checks())
 
 
 # --- each check fails on the fault it exists to see --------------------------------------------------------
@@ -219,18 +220,18 @@ def test_where_the_kernel_only_launches_the_checks_compare_shapes_not_values(dev
 
 def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
     # Stand-ins: the current CUDA device and the preload modes status() reports for two GPUs (none here).
-    status = fp4_dynamo_shim.status
+    status = checks.lifecycle.status
 
     def with_two_gpus():
         return {**status(), "devices": [{"index": 0, "mode": "refuse"}, {"index": 1, "mode": "kernel"}]}
 
-    monkeypatch.setattr(fp4_dynamo_shim, "status", with_two_gpus)
+    monkeypatch.setattr(checks.lifecycle, "status", with_two_gpus)
     assert checks._mode("cpu") == "reference"
     for current, mode in ((0, "refuse"), (1, "kernel"), (2, None)):
         monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
         assert checks._mode("cuda") == mode
     assert checks._launches("cuda") is False and checks._computes_values("cuda") is False  # device 2: nothing loaded
-    monkeypatch.setattr(fp4_dynamo_shim, "status", lambda: {**status(), "devices": None})
+    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**status(), "devices": None})
     assert checks._mode("cuda") is None
     for mode, launches, computes in (("kernel", True, True), ("reference", True, True), ("launch", True, False),
                                      ("refuse", False, False), (None, False, False)):

@@ -32,7 +32,8 @@ from . import rules as declared_rules
 from . import polyfill
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
-from _fp4_dynamo_shim.errors import ApplyError
+from .. import switches
+from ..errors import ApplyError
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -192,7 +193,7 @@ def apply(gate: str, strict: bool = False) -> Layer:
 def _reason_before_building(declaration: declared.Declaration, gate: str, group: str) -> Optional[tuple]:
     """(kind, reason) for a declaration that is not built at all, or None."""
     if gate == "sglang" and group != "sglang":
-        return f"off under {declared_rules.GATE_VARIABLE}=sglang (the default): set it to all", declared_rules.GATED_OFF
+        return f"off under {switches.FLASHINFER_OPS}=sglang (the default): set it to all", declared_rules.GATED_OFF
     rule = declared_rules.excluded(declaration.module, declaration.getter, declaration.name)
     if rule is not None:
         return rule[1], rule[0]

@@ -13,11 +13,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from _fp4_dynamo_shim import settings as config
-
-GATE_VARIABLE = config.FLASHINFER_OPS
-
-#: The declared functions SGLang's traced paths call raw (issue 20): on under the default gate.
+#: The declared functions SGLang's traced paths call raw: on under the default gate.
 #: (module, op name after ``flashinfer::``) -> the SGLang call that reaches it.
 SGLANG = {
     ("flashinfer.norm", "layernorm"): "NSA indexer's LayerNorm (sglang 0.5.9-0.5.12)",

@@ -99,13 +99,6 @@ def _sitecustomize_origin() -> Optional[str]:
     return origin
 
 
-def _holds_block(path) -> bool:
-    try:
-        return BEGIN in Path(path).read_text()
-    except OSError:
-        return False
-
-
 def _calls_hook(path) -> bool:
     """Whether a sitecustomize file starts the hook: install-hook's block, or a line written by hand
     (the documented one-liner, ``ONE_LINER``, or any other call of ``fp4_dynamo_shim_hook.install``)."""
@@ -167,7 +160,7 @@ def _is_site_dir(directory: Path) -> bool:
     return directory.resolve() in [d.resolve() for d in site_dirs()]
 
 
-_PROBE = ("import importlib.util, json, sys; hook = sys.modules.get('fp4_dynamo_shim_hook'); "
+_PROBE = ("import importlib.util, json, sys; hook = sys.modules.get('_fp4_dynamo_shim.entry.startup'); "
           "spec = importlib.util.find_spec('sitecustomize'); "
           "print(json.dumps([getattr(hook, 'route', None), spec.origin if spec else None]))")
 

@@ -1,25 +1,19 @@
-"""The checks ``python -m fp4_dynamo_shim.verify`` runs, one function each.
+"""The checks ``python -m fp4_dynamo_shim.verify`` runs on the shim's ops, one function each (SGLang's in
+:mod:`.sglang`, the spawned worker's in :mod:`.workers`; :func:`.report.checks` lists them in order).
 
 Each check takes the device ("cpu" or "cuda"), returns one line saying what it showed, raises
-:class:`Skip` when it does not apply here and anything else when it failed. ``verify`` runs them in the
-order of :data:`CHECKS` and prints the results.
+:class:`Skip` when it does not apply here and anything else when it failed.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch._dynamo.testing
 
-import fp4_dynamo_shim
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim.entry import sglang_plugin as sglang
-from _fp4_dynamo_shim.sglang import releases as sglang_releases
-from _fp4_dynamo_shim.sglang import source as sglang_source
+from .. import lifecycle
+from ..fp4 import quantize_op as ops
 
 
 class Skip(Exception):
@@ -42,7 +36,7 @@ def _mode(device: str) -> Optional[str]:
     """How fp4_quantize runs on ``device``: "reference" on CPU, else the current GPU's preload mode."""
     if device == "cpu":
         return "reference"
-    loaded = {d["index"]: d for d in fp4_dynamo_shim.status()["devices"] or []}
+    loaded = {d["index"]: d for d in lifecycle.status()["devices"] or []}
     entry = loaded.get(torch.cuda.current_device())
     return entry["mode"] if entry else None
 
@@ -202,46 +196,6 @@ def check_flashinfer_op(device: str) -> str:
     return detail
 
 
-def check_sglang_release(device: str) -> str:
-    """The installed SGLang has a row in the shim's table, and its source (read, not imported) still looks
-    the way that row says: how it binds FlashInfer, its prefill-graph default, its plugin loading, its pins.
-    Fails for a release the table does not know, since whether it needs the shim is then unknown."""
-    import importlib.metadata
-
-    version = sglang_releases.installed_version()
-    if version is None:
-        raise Skip("sglang is not installed")
-    facts = sglang_source.read_release(sglang_source.installed_reader())
-    pins = sglang_source.pins(importlib.metadata.requires("sglang"))
-    problems = sglang_releases.disagreements(version, facts, pins)
-    if problems:
-        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {sglang_releases.describe()['need']}")
-    return sglang_releases.describe()["need"]
-
-
-def check_sglang_compile_path(device: str) -> str:
-    described = sglang_releases.describe()
-    if described.get("installed") is None:
-        raise Skip("sglang is not installed")
-    if not described.get("compile_path_check"):
-        raise Skip(f"sglang {described['installed']}: verify drives SGLang's install_torch_compiled + set_compiled "
-                   "only on 0.5.3.post2-0.5.9" + (f" ({described['note']})" if described["note"] else ""))
-    if device != "cuda":
-        raise Skip("SGLang's piecewise CUDA graph needs a GPU")
-    if not _launches(device):
-        raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error")
-    outcome = sglang.compile_path_check(compare_values=_computes_values(device))
-    if outcome["replays_equal_eager"] is False:
-        raise AssertionError("replays through SGLang's piecewise CUDA graphs differ from eager")
-    if outcome["cuda_graphs_captured"] < len(outcome["capture_sizes"]):
-        raise AssertionError(f"SGLang captured {outcome['cuda_graphs_captured']} CUDA graphs for capture sizes "
-                             f"{outcome['capture_sizes']}")
-    compared = "equal eager" if outcome["replays_equal_eager"] else "not compared (no FP4 values on this GPU)"
-    return (f"sglang {described['installed']} install_torch_compiled + SGLangBackend, capture sizes "
-            f"{outcome['capture_sizes']}: traced, {outcome['cuda_graphs_captured']} CUDA graphs captured, replayed; "
-            f"outputs {compared}")
-
-
 def family_examples(device: str) -> dict:
     """name -> (args, kwargs): one valid call of each FP4 family function, inputs built on the CPU (the
     reference) and moved to ``device``, so that building them needs no FP4 kernel."""
@@ -278,10 +232,9 @@ def check_family(device: str) -> str:
     FP4 kernel, or exactly FlashInfer's own error (what its original function raises for the same call)."""
     import flashinfer
 
-    from _fp4_dynamo_shim import lifecycle as patching
     from _fp4_dynamo_shim.errors import NoFp4KernelError
 
-    replaced = [name for name, state in fp4_dynamo_shim.status()["family"].items() if state.startswith("op-backed")]
+    replaced = [name for name, state in lifecycle.status()["family"].items() if state.startswith("op-backed")]
     examples = family_examples(device)
     outcomes = {"result": [], "refused (no FP4 kernel)": [], "FlashInfer's own error": []}
     for name in replaced:
@@ -296,7 +249,7 @@ def check_family(device: str) -> str:
         except Exception as error:  # compared with FlashInfer's own outcome below
             shim_error = error
         try:
-            patching.original_function(name)(*args, **kwargs)
+            lifecycle.original_function(name)(*args, **kwargs)
         except Exception as error:  # FlashInfer's own refusal, the one acceptable error
             if type(error) is type(shim_error) and str(error) == str(shim_error):
                 outcomes["FlashInfer's own error"].append(f"{name}: {type(error).__name__}: {str(error)[:80]}")
@@ -314,7 +267,7 @@ def check_flashinfer_ops(device: str) -> str:
     import flashinfer.norm
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    layer = lifecycle.status()["flashinfer_ops"]
     if layer is None or layer["gate"] == "off":
         raise Skip("FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered")
     counts = layer["counts"]
@@ -349,139 +302,11 @@ def check_flashinfer_ops(device: str) -> str:
     return f"{summary}; layernorm traced to {', '.join(sorted(ops))} on fake CUDA tensors (no GPU here)"
 
 
-@contextlib.contextmanager
-def _main_module_hidden():
-    """multiprocessing's spawn re-imports the parent's main module in the child (here verify itself, which
-    imports the shim). SGLang's launcher does not import the shim, so the probe child must not either."""
-    import types
-
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        sys.modules["__main__"] = main
-
-
-#: How a spawned worker came to apply the shim (its ``status()["activated_by"]``), in words.
-ACTIVATED_BY = {
-    "pth": "the package's .pth hook",
-    "install-hook": "install-hook's always-on .pth",
-    "sitecustomize": "the sitecustomize hook",
-    "plugin": "the SGLang plugin",
-}
-
-
-@contextlib.contextmanager
-def _environment(variables: dict):
-    """``os.environ`` is ``variables`` inside the block: a spawned child copies the environment when it starts."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
-
-
-def _start_probe(context, variables: dict, run_plugins: bool):
-    import fp4_dynamo_shim_hook
-
-    queue = context.Queue()
-    process = context.Process(target=fp4_dynamo_shim_hook.probe_worker, args=(queue, run_plugins))
-    with _main_module_hidden(), _environment(variables):
-        process.start()
-    return process, queue
-
-
-def _probe_report(process, queue) -> dict:
-    try:
-        return queue.get(timeout=600)
-    finally:
-        process.join(timeout=60)
-
-
-def _outcome(report: dict) -> str:
-    if report.get("active"):
-        return "applied by " + ACTIVATED_BY.get(report["activated_by"], str(report["activated_by"]))
-    return "NOT applied" + (f" ({report['error']})" if report.get("error") else "")
-
-
-def check_worker_activation(device: str) -> str:
-    """What the user's own launch gets in its workers. Two children are started the way SGLang starts its
-    schedulers (multiprocessing spawn, no import of the shim there, SGLang's plugins loaded where the installed
-    release loads them): one with this environment minus what verify or ``import fp4_dynamo_shim`` set here,
-    as a plain ``python -m sglang.launch_server`` starts, and one with FP4_DYNAMO_SHIM=1 added. The verdict is
-    :func:`worker_verdict`'s."""
-    import multiprocessing
-
-    import fp4_dynamo_shim_hook
-    from _fp4_dynamo_shim import lifecycle as patching
-
-    state = fp4_dynamo_shim.status()
-    if state["disabled"]:
-        raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
-    variable = fp4_dynamo_shim_hook.HOOK_VARIABLE
-    version = sglang_releases.installed_version()
-    release = sglang_releases.release_for(version)
-    run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
-    plain = patching.user_environment()
-    context = multiprocessing.get_context("spawn")
-    started = [_start_probe(context, variables, run_plugins) for variables in (plain, {**plain, variable: "1"})]
-    plain_report, variable_report = [_probe_report(*probe) for probe in started]
-
-    enabled, problem = fp4_dynamo_shim_hook.switch(variable, plain)
-    routes = state["routes"]
-    asked = [reason for reason, present in (
-        (f"{variable}={plain.get(variable)!r}" + (" (not understood)" if problem else ""), enabled or problem),
-        (f"an always-on hook ({routes['hook_pth'] or routes['sitecustomize']})",
-         routes["hook_pth"] or routes["sitecustomize"]),
-    ) if present]
-    passed, detail = worker_verdict(plain_report, variable_report, asked, version)
-    if not passed:
-        raise AssertionError(detail)
-    return detail
-
-
-def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_version: Optional[str]) -> tuple:
-    """(passed, what to print) from the two probe workers' reports: it fails where the plain launch's worker
-    runs without the shim although ``asked`` names what asks for it (FP4_DYNAMO_SHIM, an always-on hook) or
-    the installed SGLang needs it, and where no route reaches a worker at all."""
-    variable = "FP4_DYNAMO_SHIM"
-    release = sglang_releases.release_for(sglang_version)
-    needed = sglang_releases.needs_shim(release)
-    if sglang_version is None:
-        sglang_line = "sglang not installed"
-    elif needed:
-        sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers ("
-                       f"{sglang_releases.describe_prefill_graph(release)})"
-                       + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
-    elif release is None:
-        sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"
-    else:
-        sglang_line = (f"sglang {sglang_version} does not need it on a plain launch ("
-                       f"{sglang_releases.describe_prefill_graph(release)}; FlashInfer's FP4 calls are not traced raw there)")
-    detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): {_outcome(plain)}; "
-              f"with {variable}=1: {_outcome(with_variable)}; {sglang_line}")
-    see = "see docs/usage.md, \"Is it active in my SGLang workers?\""
-    if plain.get("active"):
-        return True, detail
-    if not with_variable.get("active"):
-        return False, (f"{detail}. No route reaches a spawned worker here (a .pth runs only from an installed "
-                       f"package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
-                       f"`fp4-dynamo-shim install-hook`; {see}")
-    if asked or needed:
-        return False, (f"{detail}. Start the launch with {variable}=1 (checked above: that works), or run "
-                       f"`fp4-dynamo-shim install-hook`; {see}")
-    return True, f"{detail}; nothing here asks a plain launch for the shim"
-
-
 def check_baseline(device: str) -> str:
     """Show FlashInfer's own function failing under fullgraph (what the shim fixes)."""
     if device != "cuda":
         raise Skip("the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)")
-    fp4_dynamo_shim.revert()
+    lifecycle.revert()
     torch._dynamo.reset()
     try:
         x, scale = _inputs(16, device)
@@ -491,20 +316,5 @@ def check_baseline(device: str) -> str:
         return f"unpatched: {type(error).__name__}: {first_line[:160]} (expected; the shim fixes this)"
     finally:
         torch._dynamo.reset()
-        fp4_dynamo_shim.apply()
+        lifecycle.apply()
     raise AssertionError("the unpatched function compiled under fullgraph; the shim is not needed here")
-
-
-CHECKS: List[tuple] = [
-    ("trace-static", check_trace_static),
-    ("trace-dynamic", check_trace_dynamic),
-    ("opcheck", check_opcheck),
-    ("compiled-vs-eager", check_compiled_matches_eager),
-    ("cuda-graph", check_cuda_graph),
-    ("flashinfer-op", check_flashinfer_op),
-    ("sglang-release", check_sglang_release),
-    ("sglang-compile", check_sglang_compile_path),
-    ("family", check_family),
-    ("flashinfer-ops", check_flashinfer_ops),
-    ("worker-activation", check_worker_activation),
-]

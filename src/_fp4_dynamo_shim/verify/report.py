@@ -16,8 +16,8 @@ import time
 import traceback
 from typing import Callable, List, Optional
 
-import fp4_dynamo_shim
-from _fp4_dynamo_shim.cli import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK, Parser
+from .. import __version__
+from ..errors import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK, UsageParser as Parser
 
 #: What ``status()["activated_by"]`` says when verify applied the shim itself.
 ROUTE = "verify"
@@ -29,6 +29,25 @@ class Result:
     result: str  # "pass", "fail", "skip" or "info"
     detail: str
     seconds: float
+
+
+def checks() -> List[tuple]:
+    """(name, check) in the order verify runs them."""
+    from . import checks, sglang, workers
+
+    return [
+        ("trace-static", checks.check_trace_static),
+        ("trace-dynamic", checks.check_trace_dynamic),
+        ("opcheck", checks.check_opcheck),
+        ("compiled-vs-eager", checks.check_compiled_matches_eager),
+        ("cuda-graph", checks.check_cuda_graph),
+        ("flashinfer-op", checks.check_flashinfer_op),
+        ("sglang-release", sglang.check_sglang_release),
+        ("sglang-compile", sglang.check_sglang_compile_path),
+        ("family", checks.check_family),
+        ("flashinfer-ops", checks.check_flashinfer_ops),
+        ("worker-activation", workers.check_worker_activation),
+    ]
 
 
 def run_check(name: str, check: Callable, device: str) -> Result:
@@ -54,7 +73,9 @@ def run_check(name: str, check: Callable, device: str) -> Result:
 def environment() -> dict:
     import torch
 
-    status = fp4_dynamo_shim.status()
+    from .. import lifecycle
+
+    status = lifecycle.status()
     gpus = []
     if torch.cuda.is_available():
         for index in range(torch.cuda.device_count()):
@@ -74,7 +95,7 @@ def environment() -> dict:
         "flashinfer": status["flashinfer"],
         "supported_flashinfer": status["supported_flashinfer"],
         "sglang": status["sglang"],
-        "fp4_dynamo_shim": fp4_dynamo_shim.__version__,
+        "fp4_dynamo_shim": __version__,
         "jit_cache": jit_cache,
     }
 
@@ -82,15 +103,16 @@ def environment() -> dict:
 def apply_shim() -> Result:
     """Apply the shim here (this process's import did not), as the check named "apply": it fails with the
     refusal, ``FP4_DYNAMO_SHIM_STRICT=1``'s :class:`ApplyError` included, and is skipped for the kill switch."""
-    from _fp4_dynamo_shim.errors import ApplyError
+    from .. import lifecycle
+    from ..errors import ApplyError
 
     started = time.perf_counter()
     try:
-        applied = fp4_dynamo_shim.apply(route=ROUTE)
-        problem = fp4_dynamo_shim.status()["problem"]
+        applied = lifecycle.apply(route=ROUTE)
+        problem = lifecycle.status()["problem"]
     except ApplyError as error:
         applied, problem = False, f"ApplyError: {error}"
-    result = "pass" if applied else "skip" if fp4_dynamo_shim.status()["disabled"] else "fail"
+    result = "pass" if applied else "skip" if lifecycle.status()["disabled"] else "fail"
     return Result("apply", result, "applied" if applied else problem, round(time.perf_counter() - started, 2))
 
 
@@ -179,11 +201,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
     parser.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
     parser.add_argument("--verbose", action="store_true", help="list every rebound name by module")
-    parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}")
+    parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {__version__}")
     options = parser.parse_args(argv)
     import torch  # after parsing: --help and --version load nothing
 
-    from .checks import CHECKS, check_baseline
+    from .. import lifecycle
+
+    from .checks import check_baseline
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
@@ -191,19 +215,19 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     results: List[Result] = [apply_shim()]
     env = environment()
-    status = fp4_dynamo_shim.status()
+    status = lifecycle.status()
     if not status["applied"]:
         exit_code = EXIT_NOT_APPLIED
     else:
         results.clear()  # applied: the header says so; the checks follow
-        for name, check in CHECKS:
+        for name, check in checks():
             if not options.json:
                 print(f"  running {name} ...", file=sys.stderr, flush=True)
             results.append(run_check(name, check, device))
         if options.baseline:
             results.append(run_check("baseline", check_baseline, device))
         exit_code = EXIT_CHECK_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
-        status = fp4_dynamo_shim.status()
+        status = lifecycle.status()
 
     if options.json:
         print(json.dumps(json_document(env, status, device, results, exit_code), indent=2))

@@ -197,8 +197,8 @@ def _patch_cutlass_moe(module):
 
 
 def _describe():
-    report = {"pid": os.getpid(), "ppid": os.getppid(), "shim_imported": "fp4_dynamo_shim" in sys.modules}
-    shim = sys.modules.get("fp4_dynamo_shim")
+    report = {"pid": os.getpid(), "ppid": os.getppid(), "shim_imported": "_fp4_dynamo_shim.lifecycle" in sys.modules}
+    shim = sys.modules.get("_fp4_dynamo_shim.lifecycle")
     if shim is not None:
         state = shim.status()
         report["shim"] = {key: state[key] for key in ("applied", "activated_by", "problem", "disabled", "fallback",
