@@ -1,0 +1,1 @@
+import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install()
