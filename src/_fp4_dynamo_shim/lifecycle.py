@@ -28,7 +28,7 @@ from _fp4_dynamo_shim.fp4 import flashinfer_op
 from _fp4_dynamo_shim.routes import site_files as hook
 from _fp4_dynamo_shim.fp4 import quantize_op as ops
 from _fp4_dynamo_shim.fp4 import kernels as preload
-from . import rebind
+from . import rebind, versions
 from _fp4_dynamo_shim.sglang import releases as sglang_releases
 from _fp4_dynamo_shim.fp4 import releases as targets
 from _fp4_dynamo_shim.fp4 import replacement as wrapper
@@ -114,7 +114,7 @@ def apply(route: str = "apply()") -> bool:
         target = targets.target_for(version)
         if target is None:
             return _refuse(
-                f"flashinfer-python {version} is not supported (supported: {targets.SUPPORTED_RANGE}); "
+                f"flashinfer-python {version} is not supported (supported: {versions.SUPPORTED_RANGE}); "
                 "FlashInfer was left untouched", settings,
             )
         try:
@@ -290,7 +290,7 @@ def status() -> dict:
             "disabled": settings.disabled,
             "activated_by": applied.route if applied is not None else None,
             "flashinfer": flashinfer_version(),
-            "supported_flashinfer": targets.SUPPORTED_RANGE,
+            "supported_flashinfer": versions.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,
             "sglang": sglang_releases.describe(),

@@ -226,3 +226,22 @@ def test_import_without_flashinfer_installed_succeeds_and_says_so(tmp_path):
     status = json.loads(result.stdout.strip().splitlines()[-1])
     assert status == {**status, "applied": False, "flashinfer": None, "problem": "flashinfer-python is not installed"}
     assert tuple(status) == patching.STATUS_KEYS
+
+
+def test_the_supported_range_is_spelled_once_and_pyproject_agrees():
+    """versions.py names the supported FlashInfer releases; the dependency users install must say the same."""
+    import re
+    from pathlib import Path
+
+    from packaging.specifiers import SpecifierSet
+
+    from _fp4_dynamo_shim import versions
+
+    pyproject = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    (dependency,) = re.findall(r'"flashinfer-python([^"]*)"', pyproject)
+    assert SpecifierSet(dependency) == versions.SUPPORTED_FLASHINFER
+    assert versions.SUPPORTED_RANGE == "flashinfer-python >=0.5.3, <=0.7.4"
+    assert fp4_dynamo_shim.status()["supported_flashinfer"] == versions.SUPPORTED_RANGE
+    assert [version in versions.SUPPORTED_FLASHINFER for version in ("0.5.2", "0.5.3", "0.7.4.post1", "0.7.5")] == [
+        False, True, True, False]
+

@@ -17,10 +17,10 @@ from typing import Callable
 
 import torch
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
 from . import replacement as wrapper
-from _fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
+from ..errors import InvalidArgumentError, NotExpressibleError
+from ..versions import SUPPORTED_FLASHINFER, rows_for
 from .family_ops import experts_views, op
 
 
@@ -185,7 +185,7 @@ class Member:
     module: str = "fp4"
 
 
-ALL = SpecifierSet(">=0.5.3,<0.7.5")
+ALL = SUPPORTED_FLASHINFER
 MEMBERS = (
     Member("nvfp4_quantize", SpecifierSet(">=0.5.3,<0.6.7"), _nvfp4_quantize(linear_layout_honoured=False)),
     Member("nvfp4_quantize", SpecifierSet(">=0.6.7,<0.7.5"), _nvfp4_quantize(linear_layout_honoured=True)),
@@ -209,8 +209,7 @@ MEMBERS = (
 
 
 def members_for(version: str):
-    release = Version(Version(version).public)
-    return [m for m in MEMBERS if m.versions.contains(release, prereleases=True)]
+    return rows_for(version, MEMBERS)
 
 
 def make_dispatch(member: Member, context: Context, original: Callable) -> Callable:

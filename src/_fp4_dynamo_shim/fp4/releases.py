@@ -12,8 +12,8 @@ import dataclasses
 from typing import Optional
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import Version
 
+from ..versions import row_for
 from .arithmetic import Arithmetic
 
 #: Kernel-entry arguments after ``(input, global_scale, out_val, out_sf)``, by generation.
@@ -75,9 +75,6 @@ TARGETS = (
            arithmetic=_ARITHMETIC_0_7_4, flashinfer_op="keyword"),
 )
 
-SUPPORTED_RANGE = "flashinfer-python >=0.5.3, <=0.7.4"
-
-
 def describe(target: Target) -> dict:
     """The row as JSON-serialisable data, for status()."""
     row = dataclasses.asdict(target)
@@ -88,10 +85,4 @@ def describe(target: Target) -> dict:
 
 def target_for(version: str) -> Optional[Target]:
     """The row for an installed FlashInfer version string, or None when it is not supported."""
-    parsed = Version(version)
-    # Treat local builds ("0.6.3+cu128") like the release they were cut from.
-    release = Version(parsed.public)
-    for target in TARGETS:
-        if target.versions.contains(release, prereleases=True):
-            return target
-    return None
+    return row_for(version, TARGETS)

@@ -18,7 +18,8 @@ import importlib.metadata
 from typing import Dict, List, Optional, Tuple
 
 from packaging.specifiers import SpecifierSet
-from packaging.version import InvalidVersion, Version
+
+from ..versions import public, row_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,22 +141,9 @@ def installed_version() -> Optional[str]:
         return None
 
 
-def _public(version: str) -> Optional[Version]:
-    try:
-        return Version(Version(version).public)
-    except InvalidVersion:
-        return None
-
-
 def release_for(version: Optional[str]) -> Optional[SglangRelease]:
     """The row for ``version``; None when it is not a version or is newer than the last row."""
-    parsed = _public(version) if version is not None else None
-    if parsed is None:
-        return None
-    for release in SGLANG_RELEASES:
-        if release.versions.contains(parsed, prereleases=True):
-            return release
-    return None
+    return row_for(version, SGLANG_RELEASES)
 
 
 def needed_by_default(release: SglangRelease) -> bool:
@@ -238,7 +226,7 @@ def disagreements(version: str, facts: dict, pins: Optional[dict] = None) -> Lis
     }
     for call, present in expected.items():
         compare(f"raw {call.function} under a torch.compile prefill graph", call in release.raw_calls, present)
-    written = PINS.get(str(_public(version)))
+    written = PINS.get(str(public(version)))
     if pins is not None and release.prefill_graph != "none":
         compare("pins", dataclasses.asdict(written) if written else None,
                 {"torch": pins.get("torch"), "flashinfer": pins.get("flashinfer-python"),
@@ -269,7 +257,7 @@ def describe() -> dict:
     """SGLang as the shim sees it, for status() and verify (the same keys whether or not it is installed)."""
     version = installed_version()
     release = release_for(version)
-    pins = PINS.get(str(_public(version))) if version is not None and _public(version) is not None else None
+    pins = PINS.get(str(public(version))) if version is not None and public(version) is not None else None
     return {
         "installed": version,
         "need": need(version, release) if version is not None else None,
