@@ -18,6 +18,7 @@ from typing import Callable, List, Optional
 
 import torch
 
+from .. import oplib
 from . import scan as declared
 from . import codegen as declared_codegen
 from . import rules as declared_rules
@@ -161,7 +162,7 @@ class Registrar:
     """Defines ops in one fragment and keeps the bindings the generated code needs."""
 
     def __init__(self, layer: Layer):
-        self.library = torch.library.Library(NAMESPACE, "FRAGMENT")
+        self.library = oplib.library(NAMESPACE)
         layer.undo.append(self.library._destroy)
         self.names: set = set()
         self.count = 0
@@ -175,11 +176,7 @@ class Registrar:
         return name
 
     def register(self, op: declared_codegen.Op, kernel: Callable, fake: Callable):
-        self.library.define(op.name + op.schema)
-        for key in ("CPU", "CUDA"):
-            self.library.impl(op.name, kernel, key)
-        torch.library.register_fake(f"{NAMESPACE}::{op.name}", fake, lib=self.library)
-        return getattr(getattr(torch.ops, NAMESPACE), op.name).default
+        return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
 def _build(registrar, declaration, module, getter=None, key=None):
@@ -232,11 +229,12 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
     getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
     namespace, entries, built = _caller_namespace(), {}, 0
     try:
-        source = [f"def _getter({declared_codegen.declare(signature(getter), namespace, 'g')}):\n"]
+        parameters = signature(getter)
     except NotExpressible as fact:
         for _, outcome in members:
             outcome.refuse(f"{namespace_facts.getter}: {fact}")
         return
+    source = []
     for declaration, outcome in members:
         keys = namespace_facts.keys_of(declaration.function)
         if outcome.kind is not None:
@@ -259,6 +257,8 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         built += 1
     if not built:
         return
+    # Each built member checked that the getter's parameters are all named (a variadic one refuses it).
+    source.insert(0, f"def _getter({oplib.declare(parameters, namespace, 'g')}):\n")
     for number, (key, value) in enumerate(namespace_facts.entries):
         if key not in entries:
             namespace[f"_unavailable_{number}"] = declared_codegen.unavailable(

@@ -23,6 +23,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from .. import oplib
 from . import rules as declared_rules
 from _fp4_dynamo_shim.errors import NotExpressibleError
 
@@ -122,21 +123,6 @@ def _infer(pieces: List[Piece], return_annotation, mutates) -> str:
         quiet.setLevel(level)
 
 
-def declare(signature: inspect.Signature, namespace: dict, prefix: str) -> str:
-    """Parameter declarations reproducing ``signature``, defaults bound by name in ``namespace``."""
-    declared, keyword_only = [], False
-    for parameter in signature.parameters.values():
-        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and not keyword_only:
-            declared.append("*")
-            keyword_only = True
-        if parameter.default is inspect.Parameter.empty:
-            declared.append(parameter.name)
-        else:
-            namespace[f"_{prefix}_default_{parameter.name}"] = parameter.default
-            declared.append(f"{parameter.name}=_{prefix}_default_{parameter.name}")
-    return ", ".join(declared)
-
-
 def _call_arguments(signature: inspect.Signature) -> str:
     return ", ".join(p.name if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}"
                      for p in signature.parameters.values())
@@ -149,7 +135,7 @@ def caller_source(op: Op, index: int, namespace: dict, indent: str = "") -> str:
     if op.return_adapter is not None:
         body.append(f"r = {op.return_adapter.from_op}")
     body.append("return r")
-    lines = [f"def _caller_{index}({declare(op.signature, namespace, f'c{index}')}):"]
+    lines = [f"def _caller_{index}({oplib.declare(op.signature, namespace, f'c{index}')}):"]
     lines += [f"    {line}" for line in body]
     return "".join(f"{indent}{line}\n" for line in lines)
 

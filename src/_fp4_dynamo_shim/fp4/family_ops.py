@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import oplib
 from . import layout
 from . import reference
 from _fp4_dynamo_shim.errors import InvalidArgumentError, NoFp4KernelError, ShimError
@@ -373,13 +374,13 @@ def _make_kernel(op: FamilyOp) -> Callable:
 
 
 # Kept alive for the life of the process: dropping the Library object would unregister the ops.
-_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_LIBRARY = oplib.library(NAMESPACE)
 for _op in OPS:
-    _LIBRARY.define(_op.schema)
-    _LIBRARY.impl(_op.name, _make_kernel(_op), "CPU")
     # FlashInfer copies a host op's inputs to the CPU itself: any mix of CPU and GPU tensors is its input.
-    _LIBRARY.impl(_op.name, _make_kernel(_op) if _op.host else _screened(_op, _make_kernel(_op), fake=False), "CUDA")
-    torch.library.register_fake(f"{NAMESPACE}::{_op.name}", _screened(_op, _op.fake, fake=True), lib=_LIBRARY)
+    oplib.define(_LIBRARY, _op.schema, {
+        "CPU": _make_kernel(_op),
+        "CUDA": _make_kernel(_op) if _op.host else _screened(_op, _make_kernel(_op), fake=False),
+    }, _screened(_op, _op.fake, fake=True))
 
 
 def op(name: str):

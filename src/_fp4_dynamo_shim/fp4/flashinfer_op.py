@@ -27,6 +27,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import oplib
 from . import quantize_op as ops
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
@@ -86,14 +87,12 @@ def repair(target, module, recipe) -> Optional[Callable]:
     function that restores FlashInfer's registrations, or None when there is nothing to repair."""
     if target.flashinfer_op is None or not flashinfer_has_op():
         return None
-    library = torch.library.Library("flashinfer", "FRAGMENT")
+    library = oplib.library("flashinfer")
     try:
         kernel = _make_kernel(module, recipe)
-        for key in KERNEL_KEYS:
-            library.impl(NAME, kernel, key)
-        for key in FALLTHROUGH_KEYS:
-            library.impl(NAME, torch.library.fallthrough_kernel, key)
-        library._register_fake(NAME, _fake, allow_override=True)
+        kernels = {**{key: kernel for key in KERNEL_KEYS},
+                   **{key: torch.library.fallthrough_kernel for key in FALLTHROUGH_KEYS}}
+        oplib.implement(library, NAME, kernels, _fake, override=True)
     except BaseException:
         library._destroy()
         raise

@@ -6,10 +6,7 @@ shapes, dtypes and strides are the real ones by construction; only the
 ``launch`` step differs (nothing for the fake, the reference on CPU, the
 preloaded JIT module on CUDA).
 
-Registered with ``Library.define`` + ``impl`` + ``register_fake`` rather than
-``torch.library.custom_op``: the latter's Python wrapper cost 1.1-1.8x the
-original FlashInfer call per eager call on an H200. Eager calls skip the
-dispatcher altogether (see ``wrapper.py``); the op is what Dynamo records.
+Registered through :func:`_fp4_dynamo_shim.oplib.define` (the dispatcher-light way, and why).
 """
 
 from __future__ import annotations
@@ -21,7 +18,8 @@ import torch
 from . import arithmetic as fp4_arithmetic
 from . import layout
 from . import reference
-from _fp4_dynamo_shim.errors import InvalidArgumentError, ShimError
+from .. import oplib
+from ..errors import InvalidArgumentError, ShimError
 from .releases import Target
 
 NAMESPACE = "fp4_dynamo_shim"
@@ -274,10 +272,7 @@ def _kernel(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layou
 
 
 # Kept alive for the life of the process: dropping the Library object would unregister the op.
-_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
-_LIBRARY.define(SCHEMA)
-_LIBRARY.impl(OP_NAME, _kernel, "CPU")
-_LIBRARY.impl(OP_NAME, _kernel, "CUDA")
-torch.library.register_fake(f"{NAMESPACE}::{OP_NAME}", _fake, lib=_LIBRARY)
+_LIBRARY = oplib.library(NAMESPACE)
+oplib.define(_LIBRARY, SCHEMA, {device: _kernel for device in oplib.DEVICES}, _fake)
 
 fp4_quantize_op = getattr(getattr(torch.ops, NAMESPACE), OP_NAME).default

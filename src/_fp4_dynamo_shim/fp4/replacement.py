@@ -25,7 +25,8 @@ import torch
 
 from . import arithmetic as fp4_arithmetic
 from . import quantize_op as ops
-from _fp4_dynamo_shim.errors import NotExpressibleError
+from .. import oplib
+from ..errors import NotExpressibleError
 from .releases import Target
 
 #: Parameters the core understands, in its positional order, with the value used when a release lacks one.
@@ -146,7 +147,7 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
     namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": ops.quantize,
                  "_ops": ops, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS,
                  "_INPUT_DTYPES": ops.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
-    declared = _declare(signature, namespace)
+    declared = oplib.declare(signature, namespace)
     forwarded = []
     for name, absent_value in CORE_PARAMETERS.items():
         if name in signature.parameters:
@@ -165,7 +166,7 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
     ]
     inversed = "is_global_scale_inversed" if "is_global_scale_inversed" in signature.parameters else "False"
     source = (
-        f"def fp4_quantize(_replacement, {', '.join(declared)}):\n"
+        f"def fp4_quantize(_replacement, {declared}):\n"
         f"    if {' or '.join(needs_core)}:\n"
         f"        return _core({', '.join(forwarded)})\n"
         + (_direct_path(target, inversed) if target is not None else "")
@@ -222,23 +223,6 @@ def _direct_path(target: Target, inversed: str) -> str:
     )
 
 
-def _declare(signature: inspect.Signature, namespace: dict) -> list:
-    """Parameter declarations reproducing ``signature``; defaults are bound by name in ``namespace``."""
-    declared, keyword_only_started = [], False
-    for parameter in signature.parameters.values():
-        if parameter.kind not in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
-            raise TypeError(f"parameter {parameter.name!r} is {parameter.kind.description}")
-        if parameter.kind is parameter.KEYWORD_ONLY and not keyword_only_started:
-            declared.append("*")
-            keyword_only_started = True
-        if parameter.default is parameter.empty:
-            declared.append(parameter.name)
-        else:
-            namespace[f"_default_{parameter.name}"] = parameter.default
-            declared.append(f"{parameter.name}=_default_{parameter.name}")
-    return declared
-
-
 class Replacement:
     """What the shim puts where FlashInfer's function was: callable exactly like it (same signature, name,
     docstring; ``__wrapped__`` is the original), but its repr says whose it is. A plain function cannot
@@ -278,10 +262,9 @@ def build_forwarding(original: Callable, dispatch: Callable) -> Callable:
     """A function with ``original``'s exact signature that calls ``dispatch(**arguments)``."""
     signature = inspect.signature(original)
     namespace = {"_dispatch": dispatch}
-    declared = _declare(signature, namespace)
-    keywords = ", ".join(f"{name}={name}" for name in signature.parameters)
     name = original.__name__
-    source = f"def {name}(_replacement, {', '.join(declared)}):\n    return _dispatch({keywords})\n"
+    source = (f"def {name}(_replacement, {oplib.declare(signature, namespace)}):\n"
+              f"    return _dispatch({oplib.keywords(signature)})\n")
     return _finish(source, namespace, original, name)
 
 
