@@ -245,3 +245,13 @@ def test_the_supported_range_is_spelled_once_and_pyproject_agrees():
     assert [version in versions.SUPPORTED_FLASHINFER for version in ("0.5.2", "0.5.3", "0.7.4.post1", "0.7.5")] == [
         False, True, True, False]
 
+
+def test_a_replacement_pickles_by_name_like_the_function_it_stands_for():
+    """A pickled reference (SGLang's server arguments travel to its schedulers pickled) resolves to whatever the
+    name holds where it is loaded: the replacement here, FlashInfer's function where the shim is not applied."""
+    import pickle
+
+    data = pickle.dumps(flashinfer.fp4_quantize)
+    assert pickle.loads(data) is flashinfer.fp4_quantize
+    fp4_dynamo_shim.revert()
+    assert pickle.loads(data) is flashinfer.fp4_quantize and not wrapper.is_shim(flashinfer.fp4_quantize)

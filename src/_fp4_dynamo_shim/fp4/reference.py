@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .arithmetic import (  # noqa: F401  (the quantizer's pieces, used through this module)
-    E2M1_MAX, E4M3_MAX, E8M0_BIAS, E8M0_NAN, FP8_INPUT_DTYPES, Recipe, e2m1_codes, e4m3_round, e8m0_round_up,
-    pack_nibbles, quantize,
-)
+from .arithmetic import E8M0_BIAS, E8M0_NAN, Recipe, quantize
+# The quantizer's packing pieces, which callers of the reference use through this module.
+from .arithmetic import e2m1_codes, pack_nibbles  # noqa: F401
 from .arithmetic import e2m1_values as e2m1_to_float
 
 

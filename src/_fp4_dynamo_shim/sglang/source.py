@@ -28,8 +28,6 @@ COMPILE = "compilation/compile.py"
 QWEN2_MOE = "models/qwen2_moe.py"
 QWEN3_5 = "models/qwen3_5.py"
 LAYERNORM = "layers/layernorm.py"
-FILES = (FP4_UTILS, MODELOPT, SCHEDULER, PLUGINS, SERVER_ARGS, CUDA_GRAPH_CONFIG, COMPILE, QWEN2_MOE, QWEN3_5,
-         LAYERNORM)
 
 #: The requirements whose pins the table records (METADATA names, normalised).
 PINNED = ("torch", "flashinfer-python", "sglang-kernel", "sgl-kernel", "transformers")
