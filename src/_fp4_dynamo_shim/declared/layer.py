@@ -1,5 +1,5 @@
 """FlashInfer's own declarations, turned on while the shim is applied: every ``register_custom_op`` FlashInfer
-wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer's function (issue 20).
+wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer's function.
 
 * Found by reading FlashInfer's sources (``declared``), not at decoration time.
 * Registered under the shim's namespace ``fp4_dynamo_shim_flashinfer::<name>`` (FlashInfer's own name after

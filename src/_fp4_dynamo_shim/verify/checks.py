@@ -261,7 +261,7 @@ def check_family(device: str) -> str:
 
 
 def check_flashinfer_ops(device: str) -> str:
-    """FlashInfer's declared ops (issue 20): the gate's counts, and ``flashinfer.norm.layernorm`` (on under every
+    """FlashInfer's declared ops: the gate's counts, and ``flashinfer.norm.layernorm`` (on under every
     gate but off) traced under fullgraph to the shim's op: on fake CUDA tensors without a GPU, run and compared
     with eager bitwise on one."""
     import flashinfer.norm
