@@ -1,4 +1,4 @@
-"""What the GPU checks of issue 20 measure for one public FlashInfer function (one ``declared_examples`` call).
+"""What the GPU checks measure for one public FlashInfer function (one ``declared_examples`` call).
 
 Shared by ``test_gpu_declared.py`` (asserts) and ``declared_report.py`` (the per-module JSON table):
 
@@ -47,10 +47,17 @@ def _bytes(tensor):
     return tensor.contiguous().view(torch.uint8) if tensor.numel() else tensor
 
 
-def _same(left, right) -> bool:
-    """Bit for bit (NaNs included): same shapes, dtypes and bytes."""
+def _same(left, right, unordered: bool = False) -> bool:
+    """Bit for bit (NaNs included): same shapes, dtypes and bytes; ``unordered``: each tensor's last dimension
+    compared as a sorted set of values (for a function whose own eager runs vary the order, as top-k's)."""
+    if unordered:
+        left, right = _sorted(left), _sorted(right)
     return len(left) == len(right) and all(
         a.shape == b.shape and a.dtype == b.dtype and torch.equal(_bytes(a), _bytes(b)) for a, b in zip(left, right))
+
+
+def _sorted(tensors):
+    return [torch.sort(t, dim=-1).values if t.dim() and t.dtype != torch.bool else t for t in tensors]
 
 
 class _OpCalls(torch.fx.Interpreter):
@@ -82,9 +89,13 @@ def check(example) -> dict:
 
     report = {"name": example.name, "present": True}
     eager = _run(function, example, args, kwargs)
-    # Does FlashInfer's own eager call repeat its bytes? (topk.top_k was not bit-exact on 0.6.3, cause open:
-    # a kernel whose unsorted order varies run to run would show here as False.)
-    report["eager_repeats"] = True if example.random else _same(_run(function, example, args, kwargs), eager)
+    # Does FlashInfer's own eager call repeat its bytes? topk.top_k's does not (found on the H200, 0.6.12: its
+    # radix kernel returns the k largest in an order that varies run to run); where the second run equals the
+    # first as a set per row, every comparison below is made that way, and the report says so.
+    again = _run(function, example, args, kwargs)
+    unordered = not example.random and not _same(again, eager) and _same(again, eager, unordered=True)
+    report["eager_repeats"] = True if example.random or not unordered and _same(again, eager) else (
+        "as a set per row" if unordered else False)
     torch._dynamo.reset()
     try:
         explanation = torch._dynamo.explain(call)(*_clone(args))
@@ -99,16 +110,16 @@ def check(example) -> dict:
     torch._dynamo.reset()
     compiled = torch.compile(call, fullgraph=True, backend="inductor")
     try:
-        report["bit_exact"] = _same(_run(compiled, example, args, kwargs), eager)
+        report["bit_exact"] = _same(_run(compiled, example, args, kwargs), eager, unordered)
     except Exception as error:
         report.update(bit_exact=False, compile_error=_error(error))
         return report
-    report["graph"] = _graph(compiled, function, example, args, kwargs)
-    report["opcheck"] = _opcheck(call, args)
+    report["graph"] = _graph(compiled, function, example, args, kwargs, unordered)
+    report["opcheck"] = _opcheck(call, args, unordered)
     return report
 
 
-def _graph(compiled, function, example, args, kwargs):
+def _graph(compiled, function, example, args, kwargs, unordered=False):
     static = _clone(args)
     stream = torch.cuda.Stream()
     try:
@@ -138,10 +149,10 @@ def _graph(compiled, function, example, args, kwargs):
     if example.random:
         return True  # replayed; a replay repeats the draw captured on the host (see module docstring)
     replayed = _tensors(captured) + [static[i] for i in example.writes]
-    return _same(replayed, _run(function, example, fresh, kwargs))
+    return _same(replayed, _run(function, example, fresh, kwargs), unordered)
 
 
-def _opcheck(call, args):
+def _opcheck(call, args, unordered=False):
     graphs = []
 
     def keep(graph_module, example_inputs):
@@ -156,7 +167,7 @@ def _opcheck(call, args):
     results = {}
     for name, (op, op_args, op_kwargs) in calls.items():
         try:
-            results[name] = _opcheck_one(op, op_args, op_kwargs)
+            results[name] = _opcheck_one(op, op_args, op_kwargs, unordered)
         except Exception as error:  # each op's verdict, with what opcheck said
             results[name] = _error(error)
     return results or "no shim op ran"
@@ -166,10 +177,16 @@ def _opcheck(call, args):
 FP8_SCHEMA_LIMIT = "not implemented for 'Float8_e4m3fn'"
 
 
-def _opcheck_one(op, op_args, op_kwargs):
+def _opcheck_one(op, op_args, op_kwargs, unordered=False):
     """True when opcheck passes. test_schema cannot compare FP8 tensors (found with rmsnorm_quant on the H200:
     "mul_cuda" not implemented for Float8_e4m3fn); there the other tests run, and what test_schema would
-    have checked, that only the arguments the schema marks as written change, is checked on the bytes."""
+    have checked, that only the arguments the schema marks as written change, is checked on the bytes.
+    test_aot_dispatch_dynamic compares two runs' outputs in order, which an op whose own eager runs vary the
+    order of (``unordered``) cannot pass; there the other tests run, and bit_exact compared the sets."""
+    if unordered:
+        torch.library.opcheck(op, op_args, op_kwargs,
+                              test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+        return True
     try:
         torch.library.opcheck(op, op_args, op_kwargs)
         return True

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 import venvs
 
 
+@pytest.mark.slow  # builds a venv (the CPU quick tier refuses that; on the GPU machine run.sh runs every tier)
 def test_spawned_child_on_the_gpu_applies_the_shim_through_the_hook(tmp_path):
     environment = venvs.create(tmp_path / "installed")
     script = tmp_path / "parent.py"

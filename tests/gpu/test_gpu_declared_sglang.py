@@ -27,7 +27,10 @@ class _IndexerKeyNorm(torch.nn.Module):
 
     def __init__(self, head_dim: int):
         super().__init__()
-        layernorm = importlib.import_module("sglang.srt.layers.layernorm")
+        try:
+            layernorm = importlib.import_module("sglang.srt.layers.layernorm")
+        except Exception as error:  # record exactly which import this machine cannot satisfy
+            pytest.skip(f"sglang.srt.layers.layernorm does not import here: {error!r}")
         if not getattr(layernorm, "_flashinfer_layernorm_available", False):
             pytest.skip("SGLang's layernorm module did not bind flashinfer.norm.layernorm here")
         self.k_norm = layernorm.LayerNorm(head_dim, dtype=torch.float32).cuda()
