@@ -28,6 +28,20 @@ def environment() -> dict:
     return info
 
 
+def timed(function: Callable[[], object], calls: int, synchronize: Callable[[], None] = lambda: None,
+          warmup: int = 0) -> float:
+    """Microseconds per call of ``function``, over ``calls`` calls between two ``synchronize()``s (a GPU's
+    ``torch.cuda.synchronize``: the launches are asynchronous) after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        function()
+    synchronize()
+    started = time.perf_counter()
+    for _ in range(calls):
+        function()
+    synchronize()
+    return (time.perf_counter() - started) / calls * 1e6
+
+
 def interleaved_ratio(candidates: Dict[str, Callable[[], None]], calls: int, rounds: int,
                       synchronize: Callable[[], None]) -> Dict[str, dict]:
     """Time each candidate for ``calls`` calls, alternating candidates every round (machines are noisy).

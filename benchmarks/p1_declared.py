@@ -25,7 +25,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
 
@@ -35,7 +34,7 @@ import torch._dynamo  # noqa: E402,F401  (the layer registers its ops when torch
 import fp4_dynamo_shim  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import add_save_option, environment, median_ratio, now, table, write  # noqa: E402
+from common import add_save_option, environment, median_ratio, now, table, timed, write  # noqa: E402
 
 
 def _op(name):
@@ -116,15 +115,6 @@ FUNCTIONS = {"rmsnorm": rmsnorm, "apply_rope_pos_ids": apply_rope_pos_ids, "silu
              "top_k_sampling_from_probs": top_k_sampling_from_probs}
 
 
-def timed(function, calls):
-    torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        function()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - started) / calls * 1e6
-
-
 def measure(configs, hidden, calls, rounds) -> dict:
     """Per (function, M): the median microseconds of each candidate over ``rounds``. Each round times every
     configuration with the shim applied, then reverts once and times FlashInfer's function alone."""
@@ -138,14 +128,14 @@ def measure(configs, hidden, calls, rounds) -> dict:
             for function in (public, *candidates.values()):
                 for _ in range(5):
                     function()
-            per_round[(name, tokens)].setdefault("shim", []).append(timed(public, calls))
+            per_round[(name, tokens)].setdefault("shim", []).append(timed(public, calls, torch.cuda.synchronize))
             for candidate, function in candidates.items():
-                per_round[(name, tokens)].setdefault(candidate, []).append(timed(function, calls))
+                per_round[(name, tokens)].setdefault(candidate, []).append(timed(function, calls, torch.cuda.synchronize))
         fp4_dynamo_shim.revert()
         for config, public in publics.items():
             for _ in range(5):
                 public()
-            per_round[config].setdefault("flashinfer", []).append(timed(public, calls))
+            per_round[config].setdefault("flashinfer", []).append(timed(public, calls, torch.cuda.synchronize))
         assert fp4_dynamo_shim.apply()
     results = {}
     for config, values in per_round.items():

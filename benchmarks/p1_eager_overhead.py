@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 
 import torch
 
@@ -37,7 +36,7 @@ from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.fp4 import kernels as preload
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ratio, now, stand_in_sm100,  # noqa: E402
+from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ratio, now, stand_in_sm100, timed,  # noqa: E402
                     table, write)
 
 
@@ -68,15 +67,6 @@ def _sglang_op():
         return torch.ops.sglang.flashinfer_fp4_quantize
     except Exception:  # absent before 0.5.12, or SGLang not importable here: no column
         return None
-
-
-def timed(function, calls, synchronize):
-    synchronize()
-    started = time.perf_counter()
-    for _ in range(calls):
-        function()
-    synchronize()
-    return (time.perf_counter() - started) / calls * 1e6
 
 
 def main() -> int:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -33,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests" / "support"))
 from common import add_save_option, environment, median_ratio, now, stand_in_sm100, table, write  # noqa: E402
+from common import timed as timed_calls  # noqa: E402
 
 
 def main() -> int:
@@ -63,15 +63,8 @@ def main() -> int:
     fp4_utils, op = loaded.fp4_utils, torch.ops.sglang.flashinfer_fp4_quantize
     synchronize = torch.cuda.synchronize if options.device == "cuda" else (lambda: None)
 
-    def timed(function) -> float:
-        for _ in range(20):  # warm the path (allocator, caches) after a rebinding
-            function()
-        synchronize()
-        started = time.perf_counter()
-        for _ in range(options.calls):
-            function()
-        synchronize()
-        return (time.perf_counter() - started) / options.calls * 1e6
+    def timed(function) -> float:  # warm the path (allocator, caches) after a rebinding
+        return timed_calls(function, options.calls, synchronize, warmup=20)
 
     names = ("sglang_op_off", "sglang_op_shim", "original", "shim")
     bindings = {"sglang_op_off": original, "sglang_op_shim": shim}
