@@ -82,7 +82,7 @@ GROUPS = (  # cheapest first
     }, ("tests/fp4/test_reference.py", "tests/fp4/test_kernel_modes.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py",
         "tests/fp4/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
     Group("start-up and tables", {
-        "hook switch": ["fp4_dynamo_shim_hook.x_switch__mutmut_*"],
+        "switches": ["_fp4_dynamo_shim.switches.*"],
         "targets": ["_fp4_dynamo_shim.fp4.releases.*"],
     }, ("tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py", *_SUBPROCESS_TESTS,
         "tests/fp4/test_op.py::test_each_release_gets_the_row_its_wheel_calls_for",
