@@ -14,10 +14,12 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from packaging.version import Version
+
+from . import rebind
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -115,3 +117,38 @@ def make_replacements(resolved: CudaVersion, original_get_cuda_version):
 
     get_cuda_version.__doc__ = f"CUDA version fixed by fp4_dynamo_shim at apply time ({version}, from {resolved.source})."
     return get_cuda_version, is_cuda_version_at_least
+
+
+@dataclasses.dataclass
+class CudaLayer:
+    """FlashInfer's ``get_cuda_version`` and ``is_cuda_version_at_least`` answering from the resolved version
+    (the first layer: building the FP4 kernels asks them), with undo and describe as every layer."""
+
+    resolved: CudaVersion
+    swaps: List[tuple] = dataclasses.field(default_factory=list)
+    bindings: List[rebind.Binding] = dataclasses.field(default_factory=list)
+
+    def rebind(self, modules=None) -> List[rebind.Binding]:
+        found = rebind.swap(self.swaps, modules)
+        self.bindings.extend(found)
+        return found
+
+    def undo(self) -> None:
+        rebind.swap([(new, old) for old, new in reversed(self.swaps)])
+
+    def describe(self) -> dict:
+        return {"cuda_version": describe(self.resolved),
+                "skipped": [] if self.resolved.version is not None else [
+                    "CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept"]}
+
+
+def apply(setting: str, cpp_ext) -> CudaLayer:
+    """Resolve the CUDA version (``FP4_DYNAMO_SHIM_CUDA_VERSION``) and rebind FlashInfer's two lookups to it."""
+    layer = CudaLayer(resolve(setting))
+    original_get = cpp_ext.get_cuda_version
+    new_get, new_at_least = make_replacements(layer.resolved, original_get)
+    layer.swaps = [(cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get)]
+    layer.bindings = rebind.swap(layer.swaps)
+    if hasattr(original_get, "cache_clear"):
+        original_get.cache_clear()
+    return layer

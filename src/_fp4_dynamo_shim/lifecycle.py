@@ -19,21 +19,14 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import switches
-from . import cuda_version
-from _fp4_dynamo_shim.declared import layer as declared_ops
-from _fp4_dynamo_shim.fp4 import family
-from _fp4_dynamo_shim.fp4 import family_ops
-from _fp4_dynamo_shim.fp4 import flashinfer_op
-from _fp4_dynamo_shim.routes import site_files as hook
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim.fp4 import kernels as preload
-from . import rebind, versions
-from _fp4_dynamo_shim.sglang import releases as sglang_releases
-from _fp4_dynamo_shim.fp4 import releases as targets
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
-from .settings import Settings
+from . import cuda_version, rebind, switches, versions
+from .declared import layer as declared_layer
 from .errors import ApplyError
+from .fp4 import layer as fp4_layer
+from .fp4 import releases as targets
+from .routes import site_files as hook
+from .settings import Settings
+from .sglang import releases as sglang_releases
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -44,21 +37,21 @@ CPP_EXT = "flashinfer.jit.cpp_ext"
 @dataclasses.dataclass
 class _Applied:
     flashinfer_version: str
-    target: targets.Target
-    #: (original, replacement) pairs, in the order they were swapped.
-    swaps: List[tuple]
-    bindings: List[rebind.Binding]
-    cuda: cuda_version.CudaVersion
-    devices: List[preload.LoadedDevice]
     settings: Settings
-    #: FP4 family function -> what the shim did with it in this release.
-    family: dict
     #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
     route: str
-    #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by revert().
-    restorers: List[Callable] = dataclasses.field(default_factory=list)
-    #: FlashInfer's declared ops turned on (declared_ops), or None.
-    declared: Optional[declared_ops.Layer] = None
+    cuda: cuda_version.CudaLayer
+    fp4: fp4_layer.Fp4Layer
+    declared: declared_layer.DeclaredLayer
+
+    @property
+    def layers(self) -> list:
+        """In the order they were applied (revert() undoes them newest first)."""
+        return [self.cuda, self.fp4, self.declared]
+
+    @property
+    def bindings(self) -> List[rebind.Binding]:
+        return self.cuda.bindings + self.fp4.bindings
 
 
 _lock = threading.RLock()
@@ -125,60 +118,30 @@ def apply(route: str = "apply()") -> bool:
 
 
 def _apply(version: str, target: targets.Target, settings: Settings, route: str) -> None:
+    """The layers in order: the CUDA version FlashInfer's JIT sees (building the FP4 kernels asks it), the FP4
+    layer, FlashInfer's declared ops. A failure undoes the layers already applied, newest first."""
     global _applied, _last_problem
     try:
         module = importlib.import_module(target.module)
         cpp_ext = importlib.import_module(CPP_EXT)
     except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
         raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
-    original = module.fp4_quantize
-    if wrapper.is_shim(original):
-        raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")
-    resolved = cuda_version.resolve(settings.cuda_version)
-    new_get, new_at_least = cuda_version.make_replacements(resolved, cpp_ext.get_cuda_version)
-    recipe = wrapper.recipe_for(original, module)
-    replacement = wrapper.build(original, module, recipe, target)
-    family_replaced, family_report = family.build_replacements(version, module, replacement, recipe)
-
-    swaps, bindings, restorers = [], [], []
-
-    def swap(*pairs) -> None:
-        swaps.extend(pairs)
-        bindings.extend(rebind.swap(pairs))
-
+    applied = []
     try:
-        original_get = cpp_ext.get_cuda_version
-        swap((cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get))
-        if hasattr(original_get, "cache_clear"):
-            original_get.cache_clear()
-        launchers, devices, namespaces = preload.load(
-            module.get_fp4_quantization_module, target, settings.fallback, ops.launch_reference
-        )
-        ops.configure(target, launchers)
-        family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
-        swap((original, replacement), *family_replaced.values())
-        restore_op = flashinfer_op.repair(target, module, recipe)
-        if restore_op is not None:
-            restorers.append(restore_op)
-            family_report["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
-        layer = declared_ops.apply(settings.flashinfer_ops, settings.strict)
-        restorers.append(lambda: declared_ops.revert(layer))
+        applied.append(cuda_version.apply(settings.cuda_version, cpp_ext))
+        applied.append(fp4_layer.apply(version, target, module, settings.fallback))
+        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, settings.strict))
     except BaseException:
-        _undo(swaps, restorers)
+        for layer in reversed(applied):
+            layer.undo()
         raise
-    _applied = _Applied(version, target, swaps, bindings, resolved, devices, settings, family_report, route,
-                        restorers, layer)
+    _applied = _Applied(version, settings, route, *applied)
     _last_problem = None
+    resolved = _applied.cuda.resolved
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
-        version, route, len(bindings), resolved.version, resolved.source, len(devices),
+        version, route, len(_applied.bindings), resolved.version, resolved.source, len(_applied.fp4.devices),
     )
-
-
-def _undo(swaps, restorers) -> None:
-    for restore in reversed(restorers):
-        restore()
-    rebind.swap([(new, old) for old, new in reversed(swaps)])
 
 
 def export_for_children() -> None:
@@ -239,7 +202,8 @@ def revert() -> bool:
         _exported, _replaced_value = False, None
         if _applied is None:
             return False
-        _undo(_applied.swaps, _applied.restorers)
+        for layer in reversed(_applied.layers):
+            layer.undo()
         _applied = None
         _last_problem = "revert() was called"
         return True
@@ -254,9 +218,8 @@ def rebind_modules(modules=None) -> List[rebind.Binding]:
     with _lock:
         if _applied is None:
             return []
-        found = rebind.swap(_applied.swaps, modules)
-        _applied.bindings.extend(found)
-        return found
+        modules = list(modules) if modules is not None else None
+        return _applied.cuda.rebind(modules) + _applied.fp4.rebind(modules)
 
 
 def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
@@ -264,10 +227,7 @@ def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
     with _lock:
         if _applied is None:
             return None
-        for old, new in _applied.swaps:
-            if getattr(old, "__name__", None) == name and wrapper.is_shim(new):
-                return old
-        return None
+        return _applied.fp4.original(name)
 
 
 #: The keys of ``status()``, always all present (None where not applicable).
@@ -304,32 +264,9 @@ def status() -> dict:
         }
         if applied is None:
             return report
-        report.update(
-            target=targets.describe(applied.target),
-            op=f"{ops.NAMESPACE}::{ops.OP_NAME}",
-            family=dict(applied.family),
-            rebound=[str(binding) for binding in applied.bindings],
-            cuda_version=cuda_version.describe(applied.cuda),
-            devices=[dataclasses.asdict(device) for device in applied.devices],
-            skipped=_skipped(applied),
-            flashinfer_ops=declared_ops.describe(applied.declared),
-        )
+        # Each layer describes its part; "skipped" collects theirs, the FP4 layer's first.
+        parts = [applied.fp4.describe(), applied.cuda.describe(), applied.declared.describe()]
+        report.update({key: value for part in parts for key, value in part.items() if key != "skipped"})
+        report["skipped"] = [line for part in parts for line in part["skipped"]]
+        report["rebound"] = [str(binding) for binding in applied.bindings]
         return report
-
-
-def _skipped(applied: _Applied) -> List[str]:
-    """Things the shim deliberately does not do here, with the reason."""
-    skipped = []
-    if not applied.devices:
-        skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
-    for device in applied.devices:
-        if device.mode == "refuse":
-            skipped.append(
-                f"cuda:{device.index} {device.name} SM{device.backend}: no FP4 kernel below SM100, calls raise "
-                "(FP4_DYNAMO_SHIM_FALLBACK=reference runs the reference quantizer there)"
-            )
-        elif device.mode == "reference":
-            skipped.append(f"cuda:{device.index} SM{device.backend}: FlashInfer kernel not used, reference quantizer runs")
-    if applied.cuda.version is None:
-        skipped.append("CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept")
-    return skipped

@@ -242,3 +242,16 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
                       for module in sorted({o.module for o in layer.outcomes})},
         "seconds": round(layer.seconds, 3),
     }
+
+
+class DeclaredLayer:
+    """The layer as the lifecycle holds it: undo and describe, the shape every layer has."""
+
+    def __init__(self, gate: str, strict: bool):
+        self.layer = apply(gate, strict)
+
+    def undo(self) -> None:
+        revert(self.layer)
+
+    def describe(self) -> dict:
+        return {"flashinfer_ops": describe(self.layer), "skipped": []}

@@ -1,0 +1,102 @@
+"""The FP4 layer: ``fp4_quantize`` and its family behind the shim's ops, applied as one record.
+
+:func:`apply` returns a :class:`Fp4Layer` with ``undo`` and ``describe``, the shape every layer of the
+lifecycle has: it loads the kernels, configures the ops, rebinds ``fp4_quantize`` and the family wherever a
+module global is one of them, and repairs FlashInfer's own op where the release has one. A failure half-way
+undoes what was done and raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, List, Optional
+
+from .. import rebind
+from ..errors import ApplyError
+from . import family, family_ops, flashinfer_op, kernels, quantize_op, releases, replacement
+
+
+@dataclasses.dataclass
+class Fp4Layer:
+    target: releases.Target
+    #: (original, replacement) pairs, in the order they were swapped.
+    swaps: List[tuple] = dataclasses.field(default_factory=list)
+    bindings: List[rebind.Binding] = dataclasses.field(default_factory=list)
+    devices: List[kernels.LoadedDevice] = dataclasses.field(default_factory=list)
+    #: FP4 family function -> what the shim did with it in this release.
+    family: dict = dataclasses.field(default_factory=dict)
+    #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by undo().
+    restorers: List[Callable] = dataclasses.field(default_factory=list)
+
+    def swap(self, *pairs) -> None:
+        self.swaps.extend(pairs)
+        self.bindings.extend(rebind.swap(pairs))
+
+    def rebind(self, modules=None) -> List[rebind.Binding]:
+        """Rebind originals that appeared after apply() (all of sys.modules by default); returns what changed."""
+        found = rebind.swap(self.swaps, modules)
+        self.bindings.extend(found)
+        return found
+
+    def original(self, name: str) -> Optional[Callable]:
+        """FlashInfer's own function behind the replacement called ``name``."""
+        for old, new in self.swaps:
+            if getattr(old, "__name__", None) == name and replacement.is_shim(new):
+                return old
+        return None
+
+    def undo(self) -> None:
+        for restore in reversed(self.restorers):
+            restore()
+        rebind.swap([(new, old) for old, new in reversed(self.swaps)])
+
+    def describe(self) -> dict:
+        """The layer's part of ``status()``."""
+        return {
+            "target": releases.describe(self.target),
+            "op": f"{quantize_op.NAMESPACE}::{quantize_op.OP_NAME}",
+            "family": dict(self.family),
+            "devices": [dataclasses.asdict(device) for device in self.devices],
+            "skipped": self.skipped(),
+        }
+
+    def skipped(self) -> List[str]:
+        """What the layer deliberately does not do here, with the reason."""
+        skipped = []
+        if not self.devices:
+            skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
+        for device in self.devices:
+            if device.mode == "refuse":
+                skipped.append(
+                    f"cuda:{device.index} {device.name} SM{device.backend}: no FP4 kernel below SM100, calls raise "
+                    "(FP4_DYNAMO_SHIM_FALLBACK=reference runs the reference quantizer there)"
+                )
+            elif device.mode == "reference":
+                skipped.append(f"cuda:{device.index} SM{device.backend}: FlashInfer kernel not used, reference quantizer runs")
+        return skipped
+
+
+def apply(version: str, target: releases.Target, module, fallback: str) -> Fp4Layer:
+    """Put ``module.fp4_quantize`` and the release's FP4 family behind the shim's ops."""
+    original = module.fp4_quantize
+    if replacement.is_shim(original):
+        raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")
+    recipe = replacement.recipe_for(original, module)
+    replaced = replacement.build(original, module, recipe, target)
+    family_replaced, family_report = family.build_replacements(version, module, replaced, recipe)
+    layer = Fp4Layer(target, family=family_report)
+    try:
+        launchers, layer.devices, namespaces = kernels.load(
+            module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference
+        )
+        quantize_op.configure(target, launchers)
+        family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
+        layer.swap((original, replaced), *family_replaced.values())
+        restore_op = flashinfer_op.repair(target, module, recipe)
+        if restore_op is not None:
+            layer.restorers.append(restore_op)
+            layer.family["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
+    except BaseException:
+        layer.undo()
+        raise
+    return layer
