@@ -16,7 +16,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from .errors import EXIT_FAILED, EXIT_OK, UsageParser as Parser
+from .errors import EXIT_FAILED, EXIT_OK
+from .usage import UsageParser as Parser
 
 
 def _parser():

@@ -1,8 +1,5 @@
 """Exceptions the shim raises, so callers can tell its refusals apart, and the command line's exit codes."""
 
-import argparse
-import sys
-
 
 class ShimError(RuntimeError):
     """The shim cannot do what was asked (not applied, unsupported GPU, unsupported argument)."""
@@ -35,11 +32,3 @@ class InvalidArgumentError(ValueError, RuntimeError):
 
 #: The command line's exit codes (``fp4-dynamo-shim``, ``python -m fp4_dynamo_shim.verify``).
 EXIT_OK, EXIT_FAILED, EXIT_NOT_APPLIED, EXIT_USAGE = 0, 1, 2, 3
-
-
-class UsageParser(argparse.ArgumentParser):
-    """argparse with the project's exit code for usage errors (3; argparse's own 2 means "not applied" here)."""
-
-    def error(self, message):
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")

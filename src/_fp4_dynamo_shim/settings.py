@@ -16,22 +16,28 @@ from .switches import CUDA_VERSION, DISABLE, FALLBACK, FLASHINFER_OPS, HOOK, STR
 __all__ = ["Settings", "HOOK", "DISABLE", "STRICT", "CUDA_VERSION", "FALLBACK", "FLASHINFER_OPS"]
 
 
+def _default(name: str):
+    return dataclasses.field(default=switches.VARIABLES[name].default)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    strict: bool
-    disabled: bool
-    cuda_version: str
-    fallback: str
+    """One field per row of :data:`switches.VARIABLES` (its ``setting``), and what was not understood."""
+
+    strict: bool = _default(STRICT)
+    disabled: bool = _default(DISABLE)
+    cuda_version: str = _default(CUDA_VERSION)
+    fallback: str = _default(FALLBACK)
+    flashinfer_ops: str = _default(FLASHINFER_OPS)
+    #: The start-up hook's switch: the .pth line reads it at start-up; read here too so that its problem is reported.
+    hook: bool = _default(HOOK)
     #: One message per variable whose value was not understood (its default was used instead).
     problems: Tuple[str, ...] = ()
-    flashinfer_ops: str = switches.VARIABLES[FLASHINFER_OPS].default
 
     @classmethod
     def from_environment(cls) -> "Settings":
-        # HOOK is read by the .pth hook at start-up; it is read here too so that its problem is reported.
         values, problems = {}, []
-        for name in (STRICT, DISABLE, HOOK, FALLBACK, CUDA_VERSION, FLASHINFER_OPS):
-            values[name], problem = switches.read(name)
+        for name, variable in switches.VARIABLES.items():
+            values[variable.setting], problem = switches.read(name)
             problems += [problem] if problem else []
-        return cls(values[STRICT], values[DISABLE], values[CUDA_VERSION], values[FALLBACK], tuple(problems),
-                   values[FLASHINFER_OPS])
+        return cls(**values, problems=tuple(problems))

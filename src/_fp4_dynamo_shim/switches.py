@@ -31,10 +31,12 @@ FLASHINFER_OPS = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
 
 
 class Variable:
-    """One environment variable: its words, its default, and how a value outside the words is described."""
+    """One environment variable: the setting it holds, its words, its default, and how a value outside the words
+    is described."""
 
-    def __init__(self, name, words, default, accepted, pattern=None):
-        self.name, self.words, self.default, self.accepted, self.pattern = name, words, default, accepted, pattern
+    def __init__(self, name, setting, words, default, accepted, pattern=None):
+        self.name, self.setting, self.words, self.default = name, setting, words, default
+        self.accepted, self.pattern = accepted, pattern
 
     def parse(self, raw):
         """(value, problem) for the raw text of the variable (None when unset)."""
@@ -53,24 +55,26 @@ def _spoken(value):
     return {True: "on", False: "off"}.get(value, value)
 
 
-def _switch(name):
+def _switch(name, setting):
     words = {**{word: True for word in TRUE}, **{word: False for word in FALSE}}
-    return Variable(name, words, False, "1, true, yes or on to switch it on, or 0, false, no, off or unset for off")
+    return Variable(name, setting, words, False,
+                    "1, true, yes or on to switch it on, or 0, false, no, off or unset for off")
 
 
-def _choice(name, choices, pattern=None, accepted=None):
-    return Variable(name, {choice: choice for choice in choices}, choices[0],
+def _choice(name, setting, choices, pattern=None, accepted=None):
+    return Variable(name, setting, {choice: choice for choice in choices}, choices[0],
                     accepted or f"one of {', '.join(choices)}", pattern)
 
 
+#: Every variable, with the name of the setting (``settings.Settings`` field) it holds.
 VARIABLES = {variable.name: variable for variable in (
-    _switch(HOOK),
-    _switch(DISABLE),
-    _switch(STRICT),
-    _choice(FALLBACK, ("error", "reference", "launch")),
-    _choice(CUDA_VERSION, ("torch", "nvcc"), pattern=r"\d+\.\d+(\.\d+)?",
+    _switch(HOOK, "hook"),
+    _switch(DISABLE, "disabled"),
+    _switch(STRICT, "strict"),
+    _choice(FALLBACK, "fallback", ("error", "reference", "launch")),
+    _choice(CUDA_VERSION, "cuda_version", ("torch", "nvcc"), pattern=r"\d+\.\d+(\.\d+)?",
             accepted="torch, nvcc or a version like 12.8"),
-    _choice(FLASHINFER_OPS, ("sglang", "all", "off")),
+    _choice(FLASHINFER_OPS, "flashinfer_ops", ("sglang", "all", "off")),
 )}
 
 
@@ -83,18 +87,22 @@ def read(name, environ=None):
 warned = set()
 
 
-def warn(message, logger_name="fp4_dynamo_shim"):
-    """One warning per message and process: to the ``fp4_dynamo_shim`` logger when logging is configured, else
-    on stderr with the project's name in front, where a start-up failure has to be seen. Returns whether it
-    was printed now."""
+def warn(message):
+    """One warning per message and process (see :func:`say`). Returns whether it was printed now."""
     if message in warned:
         return False
     warned.add(message)
+    say(message)
+    return True
+
+
+def say(message, level="warning"):
+    """To the ``fp4_dynamo_shim`` logger when logging is configured, else on stderr with the project's name in
+    front: a line said at start-up, or before SGLang sets up its logging in a scheduler, is never lost."""
     import logging
 
-    logger = logging.getLogger(logger_name)
+    logger = logging.getLogger("fp4_dynamo_shim")
     if logger.hasHandlers():
-        logger.warning(message)
+        logger.log(logging.getLevelName(level.upper()), message)
     else:
         sys.stderr.write(f"{message}\n" if message.startswith("fp4_dynamo_shim") else f"fp4_dynamo_shim: {message}\n")
-    return True

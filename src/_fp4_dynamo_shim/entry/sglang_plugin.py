@@ -9,34 +9,23 @@ What differs between SGLang releases is in ``sglang_releases``.
 
 from __future__ import annotations
 
-import logging
-import sys
-
-logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
-
-
-def _say(level: int, message: str) -> None:
-    """Log ``message``; before SGLang has set up its logging (plugins load first thing in a scheduler), write
-    it to stderr, which is the scheduler's log, so that the line is never lost."""
-    if logging.getLogger().hasHandlers():
-        logger.log(level, message)
-    else:
-        sys.stderr.write(f"fp4_dynamo_shim: {message}\n")
+from .. import switches
 
 
 def plugin() -> None:
     """SGLang general plugin (entry point group ``sglang.srt.plugins``), run in every scheduler process.
 
-    Says in the scheduler's log whether the shim is active there.
+    Says in the scheduler's log whether the shim is active there (on stderr, the scheduler's log, when SGLang
+    has not set up its logging yet: plugins load first thing).
     """
     from .. import lifecycle as patching
 
     if patching.apply(route="plugin"):
         rebound = patching.rebind_modules()
         state = patching.status()
-        _say(logging.INFO, f"fp4_dynamo_shim is active in this SGLang process (activated by {state['activated_by']}; "
-                           f"flashinfer {state['flashinfer']}; {len(rebound)} more bindings rebound now)")
+        switches.say(f"fp4_dynamo_shim is active in this SGLang process (activated by {state['activated_by']}; "
+                     f"flashinfer {state['flashinfer']}; {len(rebound)} more bindings rebound now)", "info")
     else:
         state = patching.status()
-        _say(logging.INFO if state["disabled"] else logging.WARNING,
-             f"fp4_dynamo_shim is NOT active in this SGLang process: {state['problem']}")
+        switches.say(f"fp4_dynamo_shim is NOT active in this SGLang process: {state['problem']}",
+                     "info" if state["disabled"] else "warning")

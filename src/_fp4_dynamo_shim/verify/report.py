@@ -17,7 +17,8 @@ import traceback
 from typing import Callable, List, Optional
 
 from .. import __version__
-from ..errors import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK, UsageParser as Parser
+from ..errors import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK
+from ..usage import UsageParser as Parser
 
 #: What ``status()["activated_by"]`` says when verify applied the shim itself.
 ROUTE = "verify"
@@ -31,7 +32,7 @@ class Result:
     seconds: float
 
 
-def checks() -> List[tuple]:
+def ordered_checks() -> List[tuple]:
     """(name, check) in the order verify runs them."""
     from . import checks, sglang, workers
 
@@ -220,7 +221,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         exit_code = EXIT_NOT_APPLIED
     else:
         results.clear()  # applied: the header says so; the checks follow
-        for name, check in checks():
+        for name, check in ordered_checks():
             if not options.json:
                 print(f"  running {name} ...", file=sys.stderr, flush=True)
             results.append(run_check(name, check, device))
