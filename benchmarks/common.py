@@ -95,36 +95,17 @@ def now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S %Z")
 
 
-class _NoKernel:
-    """Stands in for the built JIT module on a machine with no GPU: the launch itself costs nothing."""
-
-    def fp4_quantize(self, *arguments):
-        pass
-
-
-class _Spec:
-    def build_and_load(self):
-        return _NoKernel()
-
-
 def stand_in_sm100() -> None:
-    """FlashInfer's function and the shim, on CPU tensors, as on an SM100 whose JIT module does nothing
-    (tests/fp4/test_parity.py's stand-ins): each path's host cost with a kernel launch of zero, where no GPU is."""
+    """FlashInfer's function and the shim, on CPU tensors, as on an SM100 whose JIT module does nothing (the
+    tests' stand-in, tests/support/stand_in_gpu.py): each path's host cost with a kernel launch of zero, where
+    no GPU is."""
+    import builtins
     import sys
 
-    import flashinfer
-    import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+    import stand_in_gpu
 
-    from _fp4_dynamo_shim.fp4 import kernels as preload
-
-    module = sys.modules[flashinfer.fp4_quantize.__module__]
-    module.gen_fp4_quantization_sm100_module = _Spec
-    module.get_compute_capability = lambda device: (10, 0)
-    module.device_support_pdl = lambda device: True
-    preload.visible_device_count = lambda: 1
-    torch.cuda.get_device_capability = lambda index=None: (10, 0)
-    torch.cuda.get_device_name = lambda index=None: "stand-in SM100"
-    module.get_fp4_quantization_module.cache_clear()
+    stand_in_gpu.install_sm100(builtins.setattr, stand_in_gpu.NoKernel())
     import fp4_dynamo_shim
 
     fp4_dynamo_shim.revert()
@@ -133,8 +114,7 @@ def stand_in_sm100() -> None:
 
 
 def cpu_as_stand_in_gpu() -> None:
-    """CPU tensors take the shim's paths for the stand-in GPU (after every apply(), which resets them)."""
-    from _fp4_dynamo_shim.fp4 import quantize_op as ops
+    """CPU tensors take the shim's paths for the stand-in GPU (until the next apply(), which resets them)."""
+    from _fp4_dynamo_shim.fp4 import devices
 
-    ops._launchers[-1] = ops._launchers[0]
-    ops._direct_kernels[-1] = ops._direct_kernels[0]
+    devices.replace(**devices.serving_cpu_as(0))

@@ -3,6 +3,7 @@ stand-ins (for pieces that need a GPU) say so where they are used."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import hypothesis
@@ -10,10 +11,12 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
+import helpers
+import stand_in_gpu
 import venvs
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import releases as targets
 from _fp4_dynamo_shim.settings import Settings
 
 if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tools/mutation/run_mutmut.py)
@@ -65,24 +68,36 @@ def unpatched():
 
 
 @pytest.fixture
-def target_row():
-    """Temporarily make the op behave like another FlashInfer release's row of the targets table."""
-    saved = (ops._target, ops._launchers, ops._direct_kernels)
-
-    def use(target: targets.Target) -> None:
-        ops._target = target
-
-    yield use
-    ops._target, ops._launchers, ops._direct_kernels = saved
+def device_state():
+    """``override(**fields)`` changes the FP4 layer's per-device record (``devices.overridden``) until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **fields: stack.enter_context(devices.overridden(**fields))
 
 
 @pytest.fixture
-def kernel_stand_in(monkeypatch):
+def applied_with(monkeypatch):
+    """``apply(**environment)``: the shim re-applied under these variables (``FLASHINFER_OPS="all"`` names
+    ``FP4_DYNAMO_SHIM_FLASHINFER_OPS``; None unsets) with an empty Dynamo cache; returns ``status()``. The
+    autouse fixture applies again under the restored environment afterwards."""
+    def apply(**environment):
+        return helpers.apply_with(monkeypatch, **environment)
+
+    return apply
+
+
+@pytest.fixture
+def target_row(device_state):
+    """Temporarily make the op behave like another FlashInfer release's row of the targets table."""
+    return lambda target: device_state(target=target)
+
+
+@pytest.fixture
+def kernel_stand_in(device_state):
     """The CPU launcher replaced by one that behaves like FlashInfer's JIT entry towards fake tensors: it reads
     every tensor's data pointer first (which raises for a FakeTensor), then computes with the reference.
     A stand-in because the JIT entry needs a GPU: on the H200 the same tests run with the real entry
     (tests/gpu, FP4_DYNAMO_SHIM_FALLBACK=launch). Counts the calls that reached it."""
-    reference = ops._launchers[-1]
+    reference = devices.STATE.launchers[-1]
     calls = []
 
     def kernel_like(*arguments):
@@ -92,5 +107,38 @@ def kernel_stand_in(monkeypatch):
         calls.append(arguments[0].shape)
         return reference(*arguments)
 
-    monkeypatch.setitem(ops._launchers, -1, kernel_like)
+    device_state(launchers={**devices.STATE.launchers, -1: kernel_like})
     return calls
+
+
+@pytest.fixture
+def direct_entry(device_state):
+    """CPU tensors take the replacement's direct path to a stand-in for the GPU's JIT entry (it cannot run
+    here; ``stand_in_gpu.reference_entry`` says what it does and its limits). Returns the calls it recorded."""
+    calls = []
+    device_state(**stand_in_gpu.direct_path_on_cpu(stand_in_gpu.reference_entry(calls)))
+    return calls
+
+
+@pytest.fixture
+def stand_in_sm100(unpatched, monkeypatch, device_state):
+    """FlashInfer's own function runs on CPU tensors as on an SM100 GPU whose JIT module records its calls
+    (tests/support/stand_in_gpu.py says what is stood in). Yields (FlashInfer's module, the recorder, apply):
+    ``apply(plugin=False)`` applies the shim (or runs SGLang's plugin entry) on that GPU and sends CPU tensors
+    down its paths."""
+    recorder = stand_in_gpu.RecordingModule()
+    stand_in_gpu.install_sm100(monkeypatch.setattr, recorder)
+    module = stand_in_gpu.fp4_module()
+
+    def apply(plugin=False):
+        if plugin:
+            sglang_plugin.plugin()
+        else:
+            assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+        assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
+        device_state(**devices.serving_cpu_as(0))
+        return True
+
+    yield module, recorder, apply
+    fp4_dynamo_shim.revert()
+    module.get_fp4_quantization_module.cache_clear()

@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import List, Optional
+from typing import Optional
 
 import torch
 from packaging.version import Version
@@ -125,16 +125,10 @@ class CudaLayer:
     (the first layer: building the FP4 kernels asks them), with undo and describe as every layer."""
 
     resolved: CudaVersion
-    swaps: List[tuple] = dataclasses.field(default_factory=list)
-    bindings: List[rebind.Binding] = dataclasses.field(default_factory=list)
-
-    def rebind(self, modules=None) -> List[rebind.Binding]:
-        found = rebind.swap(self.swaps, modules)
-        self.bindings.extend(found)
-        return found
+    swaps: rebind.Swaps = dataclasses.field(default_factory=rebind.Swaps)
 
     def undo(self) -> None:
-        rebind.swap([(new, old) for old, new in reversed(self.swaps)])
+        self.swaps.undo()
 
     def describe(self) -> dict:
         return {"cuda_version": describe(self.resolved),
@@ -147,8 +141,7 @@ def apply(setting: str, cpp_ext) -> CudaLayer:
     layer = CudaLayer(resolve(setting))
     original_get = cpp_ext.get_cuda_version
     new_get, new_at_least = make_replacements(layer.resolved, original_get)
-    layer.swaps = [(cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get)]
-    layer.bindings = rebind.swap(layer.swaps)
+    layer.swaps.swap((cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get))
     if hasattr(original_get, "cache_clear"):
         original_get.cache_clear()
     return layer

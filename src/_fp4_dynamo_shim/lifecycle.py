@@ -51,7 +51,7 @@ class _Applied:
 
     @property
     def bindings(self) -> List[rebind.Binding]:
-        return self.cuda.bindings + self.fp4.bindings
+        return self.cuda.swaps.bindings + self.fp4.swaps.bindings
 
 
 _lock = threading.RLock()
@@ -219,7 +219,7 @@ def rebind_modules(modules=None) -> List[rebind.Binding]:
         if _applied is None:
             return []
         modules = list(modules) if modules is not None else None
-        return _applied.cuda.rebind(modules) + _applied.fp4.rebind(modules)
+        return _applied.cuda.swaps.rebind(modules) + _applied.fp4.swaps.rebind(modules)
 
 
 def original_function(name: str = "fp4_quantize") -> Optional[Callable]:

@@ -61,3 +61,25 @@ def swap(pairs: Sequence[Tuple[object, object]], modules: Optional[Iterable[type
                 namespace[name] = new
                 rebound.append(Binding(module_name, name))
     return rebound
+
+
+@dataclasses.dataclass
+class Swaps:
+    """A layer's (original, replacement) pairs and every binding they changed: the swap, rebind and undo part
+    that each layer which replaces functions shares."""
+
+    pairs: List[tuple] = dataclasses.field(default_factory=list)
+    bindings: List[Binding] = dataclasses.field(default_factory=list)
+
+    def swap(self, *pairs) -> None:
+        self.pairs.extend(pairs)
+        self.bindings.extend(swap(pairs))
+
+    def rebind(self, modules: Optional[Iterable[types.ModuleType]] = None) -> List[Binding]:
+        """Rebind originals that appeared after the swap (all of sys.modules by default); returns what changed."""
+        found = swap(self.pairs, modules)
+        self.bindings.extend(found)
+        return found
+
+    def undo(self) -> None:
+        swap([(new, old) for old, new in reversed(self.pairs)])

@@ -28,7 +28,7 @@ from _fp4_dynamo_shim.declared import polyfill
 from fp4_dynamo_shim.errors import ApplyError
 
 import declared_examples
-from helpers import run_python
+from helpers import apply_with, run_python
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "declared_releases.json"
 GATE = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
@@ -39,11 +39,9 @@ NO_GPU_TO_ASK = ("_cuda_isCurrentStreamCapturing", "is_current_stream_capturing"
 
 
 def _reapply(monkeypatch, gate):
-    monkeypatch.setenv(GATE, gate)
-    fp4_dynamo_shim.revert()
-    torch._dynamo.reset()
-    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
-    return fp4_dynamo_shim.status()["flashinfer_ops"]
+    status = apply_with(monkeypatch, FLASHINFER_OPS=gate)
+    assert status["applied"], status["problem"]
+    return status["flashinfer_ops"]
 
 
 @pytest.fixture(scope="module")
@@ -286,10 +284,8 @@ def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
     layer = _reapply(monkeypatch, "everything")
     assert layer["gate"] == "sglang"
     assert any(GATE in warning for warning in fp4_dynamo_shim.status()["warnings"])
-    monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1")
-    fp4_dynamo_shim.revert()
     with pytest.raises(ApplyError, match=GATE):
-        fp4_dynamo_shim.apply()
+        apply_with(monkeypatch, STRICT="1")
 
 
 def _break_layernorm(monkeypatch):
@@ -322,11 +318,8 @@ def test_one_op_failing_to_register_is_listed_and_the_shim_stays_applied(monkeyp
 
 def test_one_op_failing_to_register_under_strict_refuses_the_whole_shim(monkeypatch):
     _break_layernorm(monkeypatch)
-    monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1")
-    monkeypatch.setenv(GATE, "all")
-    fp4_dynamo_shim.revert()
     with pytest.raises(ApplyError, match="flashinfer.norm.layernorm"):
-        fp4_dynamo_shim.apply()
+        apply_with(monkeypatch, STRICT="1", FLASHINFER_OPS="all")
     import flashinfer.norm
 
     assert not polyfill.is_polyfilled(flashinfer.norm.fused_add_rmsnorm)  # registered before the refusal, undone

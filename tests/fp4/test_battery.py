@@ -17,8 +17,7 @@ import torch
 
 from battery import ALL_META_CASES, CALLERS, CASES, META_CASES, Case, assert_carries, caller_for
 from helpers import installed_target
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim.fp4 import kernels as preload
+import stand_in_gpu
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
 #: Where a case is legal on releases that convert the global scale to float32 themselves (0.6.13+).
@@ -100,19 +99,12 @@ def test_options_the_op_cannot_carry_fail_clearly_only_inside_compiled_regions()
     assert_carries(error.value, NotExpressibleError, "cannot run inside torch.compile")
 
 
-def test_the_direct_path_gives_the_general_paths_result_or_error(monkeypatch):
+def test_the_direct_path_gives_the_general_paths_result_or_error(device_state):
     """The replacement's direct path (the common call on a GPU with the kernel) must give every case the
     result or the error the general path gives. Stand-in: the GPU's JIT entry, which cannot run here; CPU
     tensors take the direct path with the reference quantizer behind an entry that takes the release's
     argument order, so a scalar in the wrong place shows up as different bytes."""
-    target = installed_target()
     entered = []
-
-    def reference_entry(input, global_scale, out_val, out_sf, *scalars):
-        entered.append(True)
-        values = {"is_global_scale_inversed": False, "nvfp4_4over6_code": 0, **dict(zip(target.kernel_args, scalars))}
-        ops.launch_reference(input, global_scale, out_val, out_sf, *(values[name] for name in preload.LAUNCH_SCALARS))
-
     extra = {"nvfp4_4over6": None} if "nvfp4_4over6" in inspect.signature(flashinfer.fp4_quantize).parameters else {}
 
     def outcome(case):
@@ -123,11 +115,9 @@ def test_the_direct_path_gives_the_general_paths_result_or_error(monkeypatch):
             return type(error), str(error)
         return [(t.shape, t.stride(), t.dtype, t.tolist()) for t in result]
 
-    # The meta cases are not here: the stand-in puts a kernel at get_device() == -1, which CPU and meta share;
-    # real kernels sit at CUDA indices only, and the GPU battery runs the meta cases on the real direct path.
     general = {case.name: outcome(case) for case in CASES}
     assert not entered
-    monkeypatch.setitem(ops._direct_kernels, -1, (reference_entry, True))
+    device_state(**stand_in_gpu.direct_path_on_cpu(stand_in_gpu.reference_entry(entered)))
     direct = {case.name: outcome(case) for case in CASES}
     assert entered, "no case took the direct path"
     # Names and a brief of each side only: pytest does not truncate explanations under CI=true, and a diff

@@ -12,6 +12,7 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
+from nvfp4_inputs import nvfp4_input
 
 BACKENDS = ["eager", "inductor"]
 
@@ -22,9 +23,7 @@ def quantize_forward(x, global_scale):
 
 
 def inputs(rows, columns=128, dtype=torch.bfloat16, seed=0):
-    torch.manual_seed(seed)
-    x = torch.randn(rows, columns, dtype=dtype)
-    return x, torch.tensor([(448 * 6) / x.float().abs().max().item()])
+    return nvfp4_input(rows, columns, dtype=dtype, seed=seed)
 
 
 def assert_same(actual, expected):

@@ -23,6 +23,7 @@ from _fp4_dynamo_shim.fp4 import reference
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
 from release_facts import installed_facts
+from nvfp4_inputs import nvfp4_input
 
 NAMES = sorted({member.name for member in family.MEMBERS})
 
@@ -32,9 +33,7 @@ def flashinfer_has(name: str) -> bool:
 
 
 def quantized(rows=32, columns=128, seed=0):
-    torch.manual_seed(seed)
-    x = torch.randn(rows, columns, dtype=torch.bfloat16)
-    scale = torch.tensor([448.0 * 6.0 / x.float().abs().max().item()])
+    x, scale = nvfp4_input(rows, columns, seed=seed)
     packed, sf = flashinfer.fp4_quantize(x, scale)
     return x, scale, packed, sf
 
@@ -44,8 +43,7 @@ def calls():
     torch.manual_seed(0)
     x, scale, packed, sf = quantized()
     _, sf_linear = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
-    w = torch.randn(64, 128, dtype=torch.bfloat16)
-    w_scale = torch.tensor([448.0 * 6.0 / w.float().abs().max().item()])
+    w, w_scale = nvfp4_input(64, 128, seed=1)
     w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
     experts = torch.randn(2, 40, 64, dtype=torch.bfloat16)
     mask = torch.tensor([40, 17], dtype=torch.int32)

@@ -14,15 +14,10 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim.fp4 import flashinfer_op
 
 from release_facts import installed_facts
+from nvfp4_inputs import nvfp4_input
 
 pytestmark = pytest.mark.skipif(not flashinfer_op.flashinfer_has_op(),
                                 reason="this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
-
-
-def inputs(shape=(64, 256), seed=0):
-    torch.manual_seed(seed)
-    x = torch.randn(*shape, dtype=torch.bfloat16)
-    return x, torch.tensor([448.0 * 6.0 / x.float().abs().max().item()])
 
 
 def same(got, want):
@@ -32,30 +27,26 @@ def same(got, want):
 @pytest.mark.parametrize("enable_pdl", [None, False, True])
 def test_the_op_honours_its_own_schema_for_every_enable_pdl(enable_pdl):
     # FlashInfer's body (0.6.12 to 0.7.0.post1) passes its 7th argument into is_global_scale_inversed.
-    x, scale = inputs()
+    x, scale = nvfp4_input()
     assert same(torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, enable_pdl),
                 flashinfer.fp4_quantize(x, scale))
 
 
-@pytest.mark.parametrize("shape, column_major", [((64, 256), True), ((2, 64, 256), False), ((2, 128, 64), True)])
-def test_compiled_with_column_major_and_3d_input_matches_eager(shape, column_major):
-    x, scale = inputs(shape)
-    if column_major:
-        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+@pytest.mark.parametrize("rows, columns, layout", [(64, 256, "column-major"), (64, 256, "3-D"), (128, 64, "3-D column-major")])
+def test_compiled_with_column_major_and_3d_input_matches_eager(rows, columns, layout):
+    x, scale = nvfp4_input(rows, columns, layout=layout)
     compiled = torch.compile(lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None),
                              fullgraph=True, backend="inductor")
     assert same(compiled(x, scale), flashinfer.fp4_quantize(x, scale))
 
 
-@pytest.mark.parametrize("shape, column_major", [((64, 256), True), ((2, 64, 256), False), ((2, 128, 64), True)])
-def test_the_ops_fake_gives_the_functions_strides_with_autograd_on_and_off(shape, column_major):
+@pytest.mark.parametrize("rows, columns, layout", [(64, 256, "column-major"), (64, 256, "3-D"), (128, 64, "3-D column-major")])
+def test_the_ops_fake_gives_the_functions_strides_with_autograd_on_and_off(rows, columns, layout):
     # Fake tensors reach the shim's fake whether autograd is on or off (inference mode: SGLang's), and on meta
     # tensors: the repaired op's autograd keys fall through instead of running a kernel of their own.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    x, scale = inputs(shape)
-    if column_major:
-        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    x, scale = nvfp4_input(rows, columns, layout=layout)
     want = [(o.shape, o.stride(), o.dtype) for o in flashinfer.fp4_quantize(x, scale)]
     call = lambda t, s: [(o.shape, o.stride(), o.dtype) for o in  # noqa: E731
                          torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, None)]
@@ -68,22 +59,18 @@ def test_the_ops_fake_gives_the_functions_strides_with_autograd_on_and_off(shape
     assert call(x.to("meta"), scale.to("meta")) == want
 
 
-LAYOUTS = {"row-major": ((64, 256), False), "column-major": ((64, 256), True), "3-D": ((2, 64, 256), False),
-           "3-D column-major": ((2, 128, 64), True)}
+SHAPES = {"row-major": (64, 256), "column-major": (64, 256), "3-D": (64, 256), "3-D column-major": (128, 64)}
 GRAD_MODES = {"autograd": torch.enable_grad, "no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 
 
 @pytest.mark.parametrize("grad_mode", GRAD_MODES)
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", SHAPES)
 @pytest.mark.parametrize("enable_pdl", [None, False, True])
 def test_the_repaired_ops_fake_never_reaches_a_kernel(kernel_stand_in, layout, grad_mode, enable_pdl):
     """FlashInfer's documented torch.compile route, with a kernel that cannot take fake tensors: compiled
     with fullgraph it gives the function's outputs, and the kernel ran only on real tensors (one call per
     eager run, none while tracing)."""
-    shape, column_major = LAYOUTS[layout]
-    x, scale = inputs(shape)
-    if column_major:
-        x = x.transpose(-2, -1).contiguous().transpose(-2, -1)
+    x, scale = nvfp4_input(*SHAPES[layout], layout=layout)
     for is_sf_8x4_layout in (False, True):
         torch._dynamo.reset()
         call = lambda t, s: torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, is_sf_8x4_layout,  # noqa: E731

@@ -11,65 +11,35 @@ GPU's launcher (they cannot be CUDA tensors here). Everything between is the rea
 from __future__ import annotations
 
 import inspect
-import sys
 
 import flashinfer
 import pytest
 import torch
 
-import fp4_dynamo_shim
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim.fp4 import kernels as preload
-
-
-class RecordingModule:
-    """Stands in for the built JIT module: records every ``fp4_quantize`` call."""
-
-    def __init__(self):
-        self.calls = []
-
-    def fp4_quantize(self, *arguments):
-        self.calls.append(arguments)
-
-
-class RecordingSpec:
-    def __init__(self, module):
-        self.module = module
-
-    def build_and_load(self):
-        return self.module
+from _fp4_dynamo_shim.fp4 import devices
 
 
 @pytest.fixture(params=["direct", "general"])
-def recording_flashinfer(request, unpatched, monkeypatch):
+def recording_flashinfer(request, stand_in_sm100, device_state):
     """``direct``: CPU tensors also take the replacement's direct path (the stand-in GPU's kernel entry,
     counted); ``general``: only the general path through ``ops.quantize`` and the launcher."""
     original = flashinfer.fp4_quantize
-    module = sys.modules[original.__module__]
-    recorder = RecordingModule()
-    monkeypatch.setattr(module, "gen_fp4_quantization_sm100_module", lambda: RecordingSpec(recorder))
-    monkeypatch.setattr(module, "get_compute_capability", lambda device: (10, 0))
-    monkeypatch.setattr(module, "device_support_pdl", lambda device: True)
-    monkeypatch.setattr(preload, "visible_device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (10, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in SM100")
-    module.get_fp4_quantization_module.cache_clear()
-    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
-    assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
-    monkeypatch.setitem(ops._launchers, -1, ops._launchers[0])  # CPU tensors take the stand-in GPU's launcher
+    _, recorder, apply = stand_in_sm100
+    apply()
     recorder.direct_calls = 0
     if request.param == "direct":
-        kernel, enable_pdl_default = ops._direct_kernels[0]
+        kernel, enable_pdl_default = devices.STATE.direct_kernels[0]
 
         def counted(*arguments):
             recorder.direct_calls += 1
             kernel(*arguments)
 
-        monkeypatch.setitem(ops._direct_kernels, -1, (counted, enable_pdl_default))
+        device_state(direct_kernels={**devices.STATE.direct_kernels, -1: (counted, enable_pdl_default)})
+    else:
+        device_state(direct_kernels={index: kernel for index, kernel in devices.STATE.direct_kernels.items()
+                                     if index != -1})
     recorder.mode = request.param
-    yield original, recorder
-    fp4_dynamo_shim.revert()
-    module.get_fp4_quantization_module.cache_clear()
+    return original, recorder
 
 
 def describe(argument):

@@ -27,12 +27,12 @@ from _fp4_dynamo_shim import switches
 import fp4_oracle
 from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
 from _fp4_dynamo_shim.fp4 import layout
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import kernels as preload
 from _fp4_dynamo_shim.fp4 import reference
 from _fp4_dynamo_shim.fp4 import releases as targets
-from helpers import installed_target
+from helpers import apply_with, installed_target
+import stand_in_gpu
 
 INSTALLED = fp4_oracle.release_of(patching.flashinfer_version())
 #: One version per range of releases whose kernel arithmetic differs (and the rows before any switch).
@@ -283,24 +283,17 @@ def test_compiled_fp4_quantize_matches_eager(data, swizzled, is_8x4, column_majo
 
 
 @given(data=st.data(), g=global_scales)
-def test_the_direct_path_gives_the_general_paths_bytes(data, g, monkeypatch):
+def test_the_direct_path_gives_the_general_paths_bytes(data, g):
     """Stand-in for the GPU's JIT entry (cannot run here), as in test_battery: CPU tensors take the direct
     path and reach an entry that fills the buffers with the reference, in the release's argument order."""
-    target = ops.active_target()
     entered = []
-
-    def entry(input, global_scale, out_val, out_sf, *scalars):
-        entered.append(input.shape[0])
-        named = {"is_global_scale_inversed": False, "nvfp4_4over6_code": 0, **dict(zip(target.kernel_args, scalars))}
-        ops.launch_reference(input, global_scale, out_val, out_sf, *(named[n] for n in preload.LAUNCH_SCALARS))
-
     x, _ = data.draw(matrices(16, dtype=data.draw(st.sampled_from([torch.bfloat16, torch.float16]))))
     scale = torch.tensor([g], dtype=torch.float32)
     extra = {"nvfp4_4over6": None} if "nvfp4_4over6" in inspect.signature(flashinfer.fp4_quantize).parameters else {}
     general = flashinfer.fp4_quantize(x, scale, **extra)
-    monkeypatch.setitem(ops._direct_kernels, -1, (entry, True))
-    direct = flashinfer.fp4_quantize(x, scale, **extra)
-    assert entered == ([x.shape[0]] if x.shape[0] else [])
+    with devices.overridden(**stand_in_gpu.direct_path_on_cpu(stand_in_gpu.reference_entry(entered))):
+        direct = flashinfer.fp4_quantize(x, scale, **extra)
+    assert [input_shape[0] for input_shape, _, _ in entered] == ([x.shape[0]] if x.shape[0] else [])
     for got, want in zip(direct, general):
         assert (got.shape, got.stride()) == (want.shape, want.stride()) and torch.equal(got, want)
 
@@ -526,12 +519,9 @@ def test_the_reference_reads_the_kernels_switches_exactly_as_the_kernel(environ)
     "FP4_DYNAMO_SHIM_STRICT": st.sampled_from(["0", "no", "Off", "2"]),
 }))
 def test_status_keeps_its_keys_and_names_every_unknown_value(values, monkeypatch):
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    fp4_dynamo_shim.revert()
     try:
-        assert fp4_dynamo_shim.apply()
-        state = fp4_dynamo_shim.status()
+        state = apply_with(monkeypatch, **values)
+        assert state["applied"]
         assert tuple(state) == patching.STATUS_KEYS
         unknown = [n for n, v in values.items() if v in ("referense", "twelve", "2")]
         assert sorted(n for n in unknown if any(n in w for w in state["warnings"])) == sorted(unknown)

@@ -8,6 +8,7 @@ import torch
 
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import reference
+from nvfp4_inputs import nvfp4_input
 
 
 def _row(values, width=16, dtype=torch.bfloat16):
@@ -118,9 +119,7 @@ def test_swizzled_layouts_match_the_kernels_offset_functions(is_8x4, offset, row
 
 @pytest.mark.parametrize("is_8x4", [False, True])
 def test_swizzled_output_of_the_public_function_holds_the_linear_factors_permuted(is_8x4):
-    torch.manual_seed(1)
-    x = torch.randn(20, 128, dtype=torch.float16)
-    global_scale = torch.tensor([(448 * 6) / x.float().abs().max().item()])
+    x, global_scale = nvfp4_input(20, 128, dtype=torch.float16, seed=1)
     _, linear = flashinfer.fp4_quantize(x, global_scale, is_sf_swizzled_layout=False)
     _, swizzled = flashinfer.fp4_quantize(x, global_scale, is_sf_8x4_layout=is_8x4)
     assert torch.equal(layout.unswizzle(swizzled, 20, 8, is_8x4), linear)

@@ -27,8 +27,7 @@ import os
 import torch
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.fp4 import family_ops
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
+from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim.fp4 import reference
 
 GPU = torch.cuda.is_available()
@@ -101,30 +100,28 @@ class _CountingNamespace:
 def recording_branches():
     """Count the branches taken (see :class:`Branches`) for as long as the block runs."""
     branches = Branches()
-    saved_direct, saved_devices = dict(ops._direct_kernels), dict(family_ops._runtime.devices)
+    state = devices.STATE
     saved_reference = {name: getattr(reference, name) for name in ("quantize", "mm_fp4")}
     launcher_globals = []
     try:
-        for launch in {id(launch): launch for launch in ops._launchers.values()}.values():
+        for launch in {id(launch): launch for launch in state.launchers.values()}.values():
             if hasattr(launch, "direct"):  # a JIT-entry launcher: count the kernel it calls
                 namespace = launch.__globals__
                 launcher_globals.append((namespace, namespace["kernel"]))
                 namespace["kernel"] = branches.counted(namespace["kernel"], "jit", "general")
-        for index, (kernel, enable_pdl) in saved_direct.items():
-            ops._direct_kernels[index] = (branches.counted(kernel, "jit", "direct"), enable_pdl)
-        for index, (namespace, mode) in saved_devices.items():
-            if namespace is not None:
-                family_ops._runtime.devices[index] = (_CountingNamespace(namespace, branches), mode)
+        counting = devices.overridden(
+            direct_kernels={index: (branches.counted(kernel, "jit", "direct"), enable_pdl)
+                            for index, (kernel, enable_pdl) in state.direct_kernels.items()},
+            family_modules={index: (namespace if namespace is None else _CountingNamespace(namespace, branches), mode)
+                            for index, (namespace, mode) in state.family_modules.items()},
+        )
         for name, function in saved_reference.items():
             setattr(reference, name, branches.counted(function, "reference", f"reference:{name}"))
-        yield branches
+        with counting:
+            yield branches
     finally:
         for namespace, kernel in reversed(launcher_globals):
             namespace["kernel"] = kernel
-        ops._direct_kernels.clear()
-        ops._direct_kernels.update(saved_direct)
-        family_ops._runtime.devices.clear()
-        family_ops._runtime.devices.update(saved_devices)
         for name, function in saved_reference.items():
             setattr(reference, name, function)
 

@@ -4,6 +4,7 @@ where the mode computes them."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 
@@ -19,23 +20,16 @@ from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.fp4 import releases as targets
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_host_sync
+from nvfp4_inputs import nvfp4_input
 
 LAYOUTS = [dict(), dict(is_sf_8x4_layout=True), dict(is_sf_swizzled_layout=False)]
 RECIPES = [dict(), dict(sf_vec_size=32, sf_use_ue8m0=True)]
 
 
-def inputs(rows=64, columns=256, dtype=torch.bfloat16, column_major=False, three_d=False, seed=0):
-    generator = torch.Generator(device="cuda").manual_seed(seed)
-    if column_major:
-        x = torch.randn(columns, rows, device="cuda", generator=generator).to(dtype).t()
-    elif three_d:
-        x = torch.randn(2, rows, columns, device="cuda", generator=generator).to(dtype)
-    else:
-        x = torch.randn(rows, columns, device="cuda", generator=generator).to(dtype)
-    return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+inputs = functools.partial(nvfp4_input, device="cuda")
 
 
-SHAPES = [dict(), dict(rows=1), dict(rows=300), dict(column_major=True), dict(three_d=True),
+SHAPES = [dict(), dict(rows=1), dict(rows=300), dict(layout="column-major"), dict(layout="3-D"),
           dict(dtype=torch.float16), dict(dtype=torch.float8_e4m3fn)]
 if targets.target_for(patching.flashinfer_version()).swizzled_sf_padded_columns:
     SHAPES.append(dict(columns=96))  # K/16 = 6, not a multiple of 4 (before 0.6.8 FlashInfer's reshape rejects it)
@@ -111,7 +105,7 @@ def test_real_outputs_match_the_fake_and_flashinfer_for_every_layout(device_mode
         assert meta(real) == meta(fake) == meta(flashinfer_own), (shape, layout, recipe)
 
 
-@pytest.mark.parametrize("shape", [dict(), dict(rows=300), dict(column_major=True), dict(three_d=True)],
+@pytest.mark.parametrize("shape", [dict(), dict(rows=300), dict(layout="column-major"), dict(layout="3-D")],
                          ids=["2-D", "300 rows", "column-major", "3-D"])
 def test_cuda_graph_capture_and_replay_of_the_compiled_function(shape, device_mode):
     compiled = torch.compile(lambda t, s: flashinfer.fp4_quantize(t, s), fullgraph=True, backend="inductor")

@@ -19,6 +19,7 @@ from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.fp4 import reference
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_breaks
+from nvfp4_inputs import nvfp4_input
 
 
 def present(name):
@@ -26,8 +27,7 @@ def present(name):
 
 
 def quantized(rows=64, columns=256):
-    x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16)
-    return x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+    return nvfp4_input(rows, columns, device="cuda")
 
 
 def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_reference(device_mode):

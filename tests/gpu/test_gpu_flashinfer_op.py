@@ -15,6 +15,7 @@ import torch
 
 from _fp4_dynamo_shim.fp4 import flashinfer_op
 from gpu_support import capture_and_replay, meta, no_breaks
+from nvfp4_inputs import LAYOUTS, nvfp4_input
 
 pytestmark = pytest.mark.skipif(not flashinfer_op.flashinfer_has_op(),
                                 reason="this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
@@ -36,23 +37,17 @@ def test_the_issues_snippet_compiles_and_replays_from_a_cuda_graph(device_mode):
         assert all(torch.equal(c, e) for c, e in zip(captured, flashinfer.fp4_quantize(x, gs)))
 
 
-def layouts():
-    x = torch.randn(64, 256, dtype=torch.bfloat16, device="cuda")
-    return {"row-major": x, "column-major": x.t().contiguous().t(), "3-D": torch.randn(2, 64, 256, device="cuda",
-                                                                                       dtype=torch.bfloat16),
-            "3-D column-major": torch.randn(2, 256, 64, device="cuda", dtype=torch.bfloat16).transpose(-2, -1)}
 
 
 GRAD_MODES = {"autograd": torch.enable_grad, "inference_mode": torch.inference_mode}
 
 
 @pytest.mark.parametrize("grad_mode", GRAD_MODES)
-@pytest.mark.parametrize("layout", ["row-major", "column-major", "3-D", "3-D column-major"])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("enable_pdl", [None, False, True])
 def test_every_enable_pdl_and_layout_traces_captures_and_matches_the_function(device_mode, enable_pdl, layout,
                                                                               grad_mode):
-    x = layouts()[layout]
-    scale = (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+    x, scale = nvfp4_input(device="cuda", layout=layout)
 
     def call(t, s):
         return torch.ops.flashinfer.fp4_quantize(t, s, 16, False, True, False, enable_pdl)

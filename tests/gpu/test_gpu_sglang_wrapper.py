@@ -25,6 +25,7 @@ from _fp4_dynamo_shim.fp4 import replacement as wrapper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_facts  # noqa: E402
 import sglang_wrapper  # noqa: E402
+from nvfp4_inputs import nvfp4_input
 
 VERSIONS = sglang_facts.SOURCE_RELEASES
 
@@ -61,10 +62,8 @@ def sglang_op():
 
 
 def _inputs():
-    generator = torch.Generator(device="cuda").manual_seed(18)
-    for rows, columns in ((1, 2048), (37, 256), (256, 7168)):
-        x = torch.randn(rows, columns, device="cuda", dtype=torch.bfloat16, generator=generator) * 3
-        yield x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)
+    for seed, (rows, columns) in enumerate(((1, 2048), (37, 256), (256, 7168))):
+        yield nvfp4_input(rows, columns, device="cuda", seed=18 + seed, spread=3)
 
 
 @pytest.mark.parametrize("route", ["before", "after"])

@@ -22,7 +22,6 @@ import fp4_oracle
 from _fp4_dynamo_shim.verify import checks
 from _fp4_dynamo_shim.fp4 import quantize_op as ops
 from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import kernels as preload
 from _fp4_dynamo_shim.fp4 import reference
 from _fp4_dynamo_shim.entry import sglang_plugin as sglang
 from _fp4_dynamo_shim.fp4 import releases as targets
@@ -43,22 +42,6 @@ def row_of(values, width=16, dtype=torch.bfloat16):
 
 
 # --- 1. the direct eager path ----------------------------------------------------------------------------
-
-@pytest.fixture
-def direct_entry(monkeypatch):
-    """Stand-in for the GPU's JIT entry (it cannot run here): CPU tensors take the replacement's direct path
-    and reach this entry, which records each call and fills the buffers with the reference's bytes."""
-    target = ops.active_target()
-    calls = []
-
-    def entry(input, global_scale, out_val, out_sf, *scalars):
-        calls.append((tuple(input.shape), tuple(out_val.shape), tuple(out_sf.shape)))
-        values = {"is_global_scale_inversed": False, "nvfp4_4over6_code": 0, **dict(zip(target.kernel_args, scalars))}
-        ops.launch_reference(input, global_scale, out_val, out_sf, *(values[name] for name in preload.LAUNCH_SCALARS))
-
-    monkeypatch.setitem(ops._direct_kernels, -1, (entry, True))
-    return calls
-
 
 def test_the_direct_path_never_hands_an_empty_input_to_the_kernel(direct_entry):
     # FlashInfer launches an empty grid for M = 0, which leaves a stale CUDA error behind.

@@ -153,11 +153,8 @@ def test_a_failing_step_leaves_flashinfer_exactly_as_it_was(monkeypatch):
     assert "nvcc exploded" in fp4_dynamo_shim.status()["problem"]
 
 
-def test_cuda_version_comes_from_torch_or_the_override_and_runs_no_subprocess(monkeypatch):
-    fp4_dynamo_shim.revert()
-    monkeypatch.setenv("FP4_DYNAMO_SHIM_CUDA_VERSION", "12.8")
-    assert fp4_dynamo_shim.apply()
-    assert fp4_dynamo_shim.status()["cuda_version"]["source"] == "environment"
+def test_cuda_version_comes_from_torch_or_the_override_and_runs_no_subprocess(applied_with, monkeypatch):
+    assert applied_with(CUDA_VERSION="12.8")["cuda_version"]["source"] == "environment"
 
     def no_subprocess(*args, **kwargs):
         raise AssertionError("subprocess called after apply")

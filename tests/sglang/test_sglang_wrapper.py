@@ -20,7 +20,6 @@ queries and its JIT module are stood in as in ``tests/fp4/test_parity.py`` (an S
 from __future__ import annotations
 
 import inspect
-import sys
 
 import flashinfer
 import pytest
@@ -28,15 +27,14 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
 from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import kernels as preload
 from _fp4_dynamo_shim.entry import sglang_plugin as sglang
 from _fp4_dynamo_shim.fp4 import replacement as wrapper
 
 import sglang_facts
 import sglang_wrapper  # noqa: E402
-from test_parity import RecordingModule, RecordingSpec, describe  # noqa: E402
+from test_parity import describe  # noqa: E402
+from nvfp4_inputs import nvfp4_input
 
 VERSIONS = sglang_facts.SOURCE_RELEASES
 ROUTES = ("before", "after")
@@ -100,13 +98,9 @@ def sglang_ops():
 
 
 def _inputs():
-    generator = torch.Generator().manual_seed(18)
-    cases = []
-    for rows, columns, dtype in ((1, 64, torch.bfloat16), (37, 256, torch.bfloat16), (128, 128, torch.float16),
-                                 (300, 512, torch.bfloat16)):
-        x = (torch.randn(rows, columns, generator=generator) * 3).to(dtype)
-        cases.append((x, (448.0 * 6.0 / x.float().abs().amax()).reshape(1)))
-    return cases
+    return [nvfp4_input(rows, columns, dtype=dtype, seed=18 + seed, spread=3)
+            for seed, (rows, columns, dtype) in enumerate(((1, 64, torch.bfloat16), (37, 256, torch.bfloat16),
+                                                           (128, 128, torch.float16), (300, 512, torch.bfloat16)))]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -137,35 +131,6 @@ def test_sglangs_op_gives_the_same_bytes_on_both_routes_as_the_shims_fp4_quantiz
             for g, w in zip(got, want):
                 assert (g.shape, g.stride(), g.dtype) == (w.shape, w.stride(), w.dtype), route
                 assert torch.equal(g, w), route
-
-
-@pytest.fixture
-def stand_in_sm100(unpatched, monkeypatch):
-    """FlashInfer's own function runs on CPU tensors, as on an SM100 GPU whose JIT module records its calls;
-    ``apply`` applies the shim on that stand-in GPU and sends CPU tensors to its launcher."""
-    module = sys.modules[flashinfer.fp4_quantize.__module__]
-    recorder = RecordingModule()
-    monkeypatch.setattr(module, "gen_fp4_quantization_sm100_module", lambda: RecordingSpec(recorder))
-    monkeypatch.setattr(module, "get_compute_capability", lambda device: (10, 0))
-    monkeypatch.setattr(module, "device_support_pdl", lambda device: True)
-    monkeypatch.setattr(preload, "visible_device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (10, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in SM100")
-    module.get_fp4_quantization_module.cache_clear()
-
-    def apply(plugin=False):
-        if plugin:
-            sglang.plugin()
-        else:
-            assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
-        assert fp4_dynamo_shim.status()["devices"][0]["mode"] == "kernel"
-        monkeypatch.setitem(ops._launchers, -1, ops._launchers[0])
-        monkeypatch.setitem(ops._direct_kernels, -1, ops._direct_kernels[0])
-        return True
-
-    yield module, recorder, apply
-    fp4_dynamo_shim.revert()
-    module.get_fp4_quantization_module.cache_clear()
 
 
 def _kernel_call(call):

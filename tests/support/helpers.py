@@ -31,3 +31,20 @@ def run_python(code: str | None, env: dict | None = None, timeout: float = 300, 
 
 def installed_target() -> targets.Target:
     return targets.target_for(patching.flashinfer_version())
+
+
+def apply_with(monkeypatch, **environment) -> dict:
+    """Re-apply the shim under these variables (short names get the ``FP4_DYNAMO_SHIM_`` prefix; None unsets),
+    with an empty Dynamo cache; returns ``status()``. Does not assert that it applied: callers check that."""
+    import torch
+
+    for name, value in environment.items():
+        name = name if name.startswith("FP4_DYNAMO_SHIM") else f"FP4_DYNAMO_SHIM_{name}"
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    fp4_dynamo_shim.revert()
+    torch._dynamo.reset()
+    fp4_dynamo_shim.apply()
+    return fp4_dynamo_shim.status()

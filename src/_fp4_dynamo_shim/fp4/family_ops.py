@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -25,27 +25,8 @@ from .. import oplib
 from . import layout
 from . import reference
 from _fp4_dynamo_shim.errors import InvalidArgumentError, NoFp4KernelError, ShimError
+from .devices import STATE as _STATE
 from .quantize_op import NAMESPACE, check_devices, current_recipe
-
-
-@dataclasses.dataclass
-class Runtime:
-    """What the CUDA kernels need from ``apply()``. Held here, never in a module global of its own:
-    rebinding swaps module globals that *are* an original, and would turn a kept original into the
-    replacement (the op calling itself)."""
-
-    #: CUDA device index -> (FlashInfer's FP4 module namespace or None, fp4_quantize mode).
-    devices: dict = dataclasses.field(default_factory=dict)
-    #: FlashInfer's ``mm_fp4`` (a black box: backend choice, autotuning, cuDNN graphs).
-    mm_fp4: Optional[Callable] = None
-
-
-_runtime = Runtime()
-
-
-def configure(devices: dict, mm_fp4: Optional[Callable]) -> None:
-    _runtime.devices = dict(devices)
-    _runtime.mm_fp4 = mm_fp4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +262,7 @@ def _mm_fp4_reference(a, b, a_descale, b_descale, alpha, out_dtype, block_size, 
 
 def _mm_fp4_flashinfer(namespace, a, b, a_descale, b_descale, alpha, out_dtype, block_size, use_8x4_sf_layout,
                        backend, use_nvfp4, enable_pdl):
-    original = _runtime.mm_fp4
+    original = _STATE.mm_fp4
     if original is None:
         raise ShimError("fp4_dynamo_shim: mm_fp4 is not available (the shim is not applied)")
     keywords = dict(alpha=alpha, out_dtype=out_dtype, block_size=block_size, use_8x4_sf_layout=use_8x4_sf_layout,
@@ -317,7 +298,7 @@ OPS = (
 
 
 def _first_loaded_namespace():
-    for namespace, _ in _runtime.devices.values():
+    for namespace, _ in _STATE.family_modules.values():
         if namespace is not None:
             return namespace
     return None
@@ -359,7 +340,7 @@ def _make_kernel(op: FamilyOp) -> Callable:
         device = arguments[0].device
         if device.type == "cpu":
             return op.reference(*arguments)
-        namespace, mode = _runtime.devices.get(device.index, (None, None))
+        namespace, mode = _STATE.family_modules.get(device.index, (None, None))
         if op.without_fp4 != "runs" and mode == "reference":
             return op.reference(*arguments)
         if op.without_fp4 == "refuse" and mode == "refuse":

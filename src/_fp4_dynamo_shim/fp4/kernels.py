@@ -18,17 +18,13 @@ from typing import Callable, Optional
 import torch
 
 from _fp4_dynamo_shim.errors import NoFp4KernelError
+from .quantize_op import LAUNCH_SCALARS
 from .releases import Target
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
 #: The FP4 quantize kernel body is compiled only for ``__CUDA_ARCH__ >= 1000``.
 FIRST_FP4_MAJOR = 10
-#: Order of the scalars that ``ops.quantize`` hands to a launcher.
-LAUNCH_SCALARS = (
-    "sf_vec_size", "sf_use_ue8m0", "is_sf_swizzled_layout", "is_sf_8x4_layout",
-    "is_global_scale_inversed", "enable_pdl", "nvfp4_4over6_code",
-)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,34 +13,22 @@ from typing import Callable, List, Optional
 
 from .. import rebind
 from ..errors import ApplyError
-from . import family, family_ops, flashinfer_op, kernels, quantize_op, releases, replacement
+from . import devices, family, flashinfer_op, kernels, quantize_op, releases, replacement
 
 
 @dataclasses.dataclass
 class Fp4Layer:
     target: releases.Target
-    #: (original, replacement) pairs, in the order they were swapped.
-    swaps: List[tuple] = dataclasses.field(default_factory=list)
-    bindings: List[rebind.Binding] = dataclasses.field(default_factory=list)
+    swaps: rebind.Swaps = dataclasses.field(default_factory=rebind.Swaps)
     devices: List[kernels.LoadedDevice] = dataclasses.field(default_factory=list)
     #: FP4 family function -> what the shim did with it in this release.
     family: dict = dataclasses.field(default_factory=dict)
     #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by undo().
     restorers: List[Callable] = dataclasses.field(default_factory=list)
 
-    def swap(self, *pairs) -> None:
-        self.swaps.extend(pairs)
-        self.bindings.extend(rebind.swap(pairs))
-
-    def rebind(self, modules=None) -> List[rebind.Binding]:
-        """Rebind originals that appeared after apply() (all of sys.modules by default); returns what changed."""
-        found = rebind.swap(self.swaps, modules)
-        self.bindings.extend(found)
-        return found
-
     def original(self, name: str) -> Optional[Callable]:
         """FlashInfer's own function behind the replacement called ``name``."""
-        for old, new in self.swaps:
+        for old, new in self.swaps.pairs:
             if getattr(old, "__name__", None) == name and replacement.is_shim(new):
                 return old
         return None
@@ -48,7 +36,7 @@ class Fp4Layer:
     def undo(self) -> None:
         for restore in reversed(self.restorers):
             restore()
-        rebind.swap([(new, old) for old, new in reversed(self.swaps)])
+        self.swaps.undo()
 
     def describe(self) -> dict:
         """The layer's part of ``status()``."""
@@ -89,9 +77,9 @@ def apply(version: str, target: releases.Target, module, fallback: str) -> Fp4La
         launchers, layer.devices, namespaces = kernels.load(
             module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference
         )
-        quantize_op.configure(target, launchers)
-        family_ops.configure(namespaces, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
-        layer.swap((original, replaced), *family_replaced.values())
+        devices.configure(target, {**launchers, -1: quantize_op.launch_reference}, namespaces,
+                          mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
+        layer.swaps.swap((original, replaced), *family_replaced.values())
         restore_op = flashinfer_op.repair(target, module, recipe)
         if restore_op is not None:
             layer.restorers.append(restore_op)

@@ -18,41 +18,31 @@ import torch
 from . import arithmetic as fp4_arithmetic
 from . import layout
 from . import reference
+from .devices import STATE as _STATE
 from .. import oplib
 from ..errors import InvalidArgumentError, ShimError
 from .releases import Target
 
 NAMESPACE = "fp4_dynamo_shim"
 OP_NAME = "fp4_quantize"
-SCHEMA = (
-    "fp4_quantize(Tensor input, Tensor? global_scale, int sf_vec_size, bool sf_use_ue8m0, "
-    "bool is_sf_swizzled_layout, bool is_sf_8x4_layout, bool is_global_scale_inversed, "
-    "bool? enable_pdl, int nvfp4_4over6_code) -> (Tensor, Tensor)"
+#: The op's parameters in order, with their schema types: the schema and the launch scalars (every argument
+#: after the two tensors, which launch functions and FlashInfer's JIT entry take after the output buffers) come
+#: from here. ``nvfp4_4over6_code`` is the 4over6 recipe resolved at the call (0 before 0.7.1).
+PARAMETERS = (
+    ("input", "Tensor"), ("global_scale", "Tensor?"), ("sf_vec_size", "int"), ("sf_use_ue8m0", "bool"),
+    ("is_sf_swizzled_layout", "bool"), ("is_sf_8x4_layout", "bool"), ("is_global_scale_inversed", "bool"),
+    ("enable_pdl", "bool?"), ("nvfp4_4over6_code", "int"),
 )
+SCHEMA = f"{OP_NAME}({', '.join(f'{kind} {name}' for name, kind in PARAMETERS)}) -> (Tensor, Tensor)"
+LAUNCH_SCALARS = tuple(name for name, _ in PARAMETERS[2:])
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float8_e4m3fn)
 _FLOAT32, _UINT8 = torch.float32, torch.uint8
 _QUANTIZE_TENSORS = ("input", "global_scale")
 
-#: Set by apply(): the release's target row, and a launch function per ``Tensor.get_device()`` index
-#: (-1, i.e. CPU, runs the reference quantizer).
-_target: Optional[Target] = None
-_launchers: dict = {}
-#: ``Tensor.get_device()`` index -> (FlashInfer's JIT ``fp4_quantize``, default ``enable_pdl``) for GPUs whose
-#: launcher calls the kernel: the replacement's direct path for the common call skips ``quantize``.
-_direct_kernels: dict = {}
-
-
-def configure(target: Optional[Target], cuda_launchers: dict) -> None:
-    global _target, _launchers, _direct_kernels
-    _target = target
-    _launchers = {**cuda_launchers, -1: launch_reference}
-    _direct_kernels = {index: launch.direct for index, launch in cuda_launchers.items() if hasattr(launch, "direct")}
-
-
 def active_target() -> Target:
-    if _target is None:
+    if _STATE.target is None:
         raise ShimError("fp4_dynamo_shim is not applied: call fp4_dynamo_shim.apply() first")
-    return _target
+    return _STATE.target
 
 
 def not_a_tensor(name: str, value) -> InvalidArgumentError:
@@ -155,7 +145,7 @@ def quantize(
 
     This is also the eager hot path, hence the terse screens before the detailed checks.
     """
-    target = _target
+    target = _STATE.target
     if target is None:
         active_target()
     if sf_vec_size != 16 and sf_vec_size != 32:
@@ -242,7 +232,7 @@ def launch_reference(
 def launch_for(input: torch.Tensor) -> Optional[Callable]:
     """The launch function for the input's device (the eager path inlines the common case); None for a meta
     input, which gets meta outputs of the right shapes, as from the op itself (and any PyTorch op)."""
-    launch = _launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+    launch = _STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
     if launch is None and input.is_meta:
         return None
     if launch is None:
@@ -255,20 +245,14 @@ def launch_for(input: torch.Tensor) -> Optional[Callable]:
     return launch
 
 
-def _fake(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-          is_global_scale_inversed, enable_pdl, nvfp4_4over6_code):
-    return quantize(
-        input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-        is_global_scale_inversed, enable_pdl, nvfp4_4over6_code, launch=None,
-    )
+def _fake(*arguments):
+    """The op's fake: :data:`PARAMETERS` in order, the outputs allocated, nothing launched."""
+    return quantize(*arguments, launch=None)
 
 
-def _kernel(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-            is_global_scale_inversed, enable_pdl, nvfp4_4over6_code):
-    return quantize(
-        input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
-        is_global_scale_inversed, enable_pdl, nvfp4_4over6_code, launch=launch_for(input),
-    )
+def _kernel(*arguments):
+    """The op's CPU and CUDA kernel: :data:`PARAMETERS` in order, launched on the input's device."""
+    return quantize(*arguments, launch=launch_for(arguments[0]))
 
 
 # Kept alive for the life of the process: dropping the Library object would unregister the op.

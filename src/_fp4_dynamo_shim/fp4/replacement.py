@@ -26,6 +26,7 @@ import torch
 from . import arithmetic as fp4_arithmetic
 from . import quantize_op as ops
 from .. import oplib
+from .devices import STATE as _STATE
 from ..errors import NotExpressibleError
 from .releases import Target
 
@@ -116,7 +117,7 @@ def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> 
                 input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
                 is_global_scale_inversed, enable_pdl, code,
             )
-        launch = ops._launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+        launch = _STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
         return quantize(
             input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
             is_global_scale_inversed, enable_pdl, code, launch or launch_for(input),
@@ -145,7 +146,7 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
     core = make_core(original, signature.parameters, recipe)
 
     namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": ops.quantize,
-                 "_ops": ops, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS,
+                 "_ops": ops, "_state": _STATE, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS,
                  "_INPUT_DTYPES": ops.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
     declared = oplib.declare(signature, namespace)
     forwarded = []
@@ -171,7 +172,7 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
         f"        return _core({', '.join(forwarded)})\n"
         + (_direct_path(target, inversed) if target is not None else "")
         + "    try:\n"
-        "        launch = _ops._launchers.get(input.get_device()) if input.is_cuda else None\n"
+        "        launch = _state.launchers.get(input.get_device()) if input.is_cuda else None\n"
         "    except AttributeError:\n"
         "        raise _ops.not_a_tensor('input', input) from None\n"
         "    return _quantize(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout,\n"
@@ -206,7 +207,7 @@ def _direct_path(target: Target, inversed: str) -> str:
     return (
         "    try:\n"
         "        device = input.get_device()\n"
-        "        kernel, pdl = _ops._direct_kernels[device]\n"
+        "        kernel, pdl = _state.direct_kernels[device]\n"
         "        rows, columns = input.shape\n"
         "        direct = not (sf_vec_size != 16 or sf_use_ue8m0 or not is_sf_swizzled_layout or is_sf_8x4_layout\n"
         f"                      or columns % 16{columns_check} or not rows or input.stride() != (columns, 1)\n"
