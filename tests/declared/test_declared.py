@@ -1,4 +1,4 @@
-"""FlashInfer's own declared ops as real ops while the shim is applied (issue 20), on CPU.
+"""FlashInfer's own declared ops as real ops while the shim is applied, on CPU.
 
 No GPU here: calls are traced on fake CUDA tensors (``FakeTensorMode``, tensors made on "cuda" under it) with
 a backend that evaluates the graph on fake tensors too, so nothing runs and FlashInfer's JIT is never built.

@@ -1,4 +1,4 @@
-"""FlashInfer's declared ops on the GPU (issue 20): the kernels run on SM90, so every measure is real.
+"""FlashInfer's declared ops on the GPU: the kernels run on SM90, so every measure is real.
 
 For each public function of ``declared_examples`` that the installed release has: fullgraph with 0 graph
 breaks, inductor bit-identical to eager, CUDA-graph capture and replay equal to eager on fresh inputs,

@@ -1,4 +1,4 @@
-"""SGLang's NSA indexer LayerNorm through SGLang's own compile path, with the shim's default gate (issue 20).
+"""SGLang's NSA indexer LayerNorm through SGLang's own compile path, with the shim's default gate.
 
 The indexer's ``k_norm = LayerNorm(head_dim, dtype=torch.float32)`` (sglang 0.5.9-0.5.12) calls the
 module-level ``flashinfer.norm.layernorm`` that ``sglang.srt.layers.layernorm`` bound at import, on bf16 keys.

@@ -28,8 +28,8 @@ once on the one GPU. Nothing asserts a time; start-up, capture and first-token t
 ``engine_times.txt`` and ``engine_summary.json`` in ``$FP4_DYNAMO_SHIM_TEST_REPORT_DIR``.
 
 Needs SGLang 0.5.11 or 0.5.14 with its real sgl_kernel, and the shim installed as a wheel in a site
-directory (its .pth and entry point): ``bash tests/gpu/fetch.sh engine`` (or ``engine-0.5.14``) and
-``bash tests/gpu/fetch.sh shim`` bring them to the GPU machine, ``bash tests/gpu/stage.sh`` installs them there.
+directory (its .pth and entry point): ``bash tools/gpu/fetch.sh engine`` (or ``engine-0.5.14``) and
+``bash tools/gpu/fetch.sh shim`` bring them to the GPU machine, ``bash tools/gpu/stage.sh`` installs them there.
 ``FP4_DYNAMO_SHIM_TEST_ENGINE_ARCHITECTURES=deepseek_v3,glm4_moe`` runs a subset.
 """
 

@@ -1,4 +1,4 @@
-"""One valid call of each FlashInfer public function the declared-ops layer is checked through (issue 20).
+"""One valid call of each FlashInfer public function the declared-ops layer is checked through.
 
 Shared by the CPU tests (tensors made under ``FakeTensorMode`` on a "cuda" device: no GPU, no kernel) and the
 GPU tests (real CUDA tensors). Each example builds its arguments on a device; ``compare`` names the tensors

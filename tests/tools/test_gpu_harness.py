@@ -18,11 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_every_tests_gpu_path_the_project_names_exists():
+def test_every_gpu_harness_path_the_project_names_exists():
     named = set()
-    for path in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("tests/**/*.sh"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]:
+    for path in [*ROOT.glob("tests/**/*.py"), *ROOT.glob("tests/**/*.sh"), *ROOT.glob("tools/gpu/**/*.py"),
+                 *ROOT.glob("tools/gpu/**/*.sh"), *ROOT.glob("docs/*.md"), ROOT / "README.md"]:
         if ".venv" not in path.parts and "mutation" not in path.parts:  # mutations name broken paths on purpose
-            named.update(re.findall(r"tests/gpu/[A-Za-z0-9_./-]*[A-Za-z0-9_]", path.read_text()))
+            named.update(re.findall(r"(?:tests|tools)/gpu/[A-Za-z0-9_./-]*[A-Za-z0-9_]", path.read_text()))
     assert named
     assert sorted(name for name in named if not (ROOT / name).exists()) == []
 
@@ -39,7 +40,7 @@ def test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip(tmp_path):
     copy = tmp_path / "checkout"  # the project's files without what was built or carried here
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".*", "__pycache__", "*.egg-info", "build", "dist"))
     path = f"{environment / 'bin'}{os.pathsep}{os.environ['PATH']}"
-    result = subprocess.run(["bash", "tests/gpu/fetch.sh", "shim"], cwd=copy, capture_output=True, text=True,
+    result = subprocess.run(["bash", "tools/gpu/fetch.sh", "shim"], cwd=copy, capture_output=True, text=True,
                             env={**os.environ, "PATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [p.name for p in (copy / ".ourwheel").glob("fp4_dynamo_shim-*.whl")], result.stdout

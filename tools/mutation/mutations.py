@@ -347,11 +347,11 @@ MUTATIONS = [
              "tests/gpu/test_gpu_core.py::test_sglangs_eager_call_takes_the_direct_path_on_the_kernel_branch_with_no_host_sync",
              gpu=True),
     mutation("fetch-shim-needs-setuptools", "fetch.sh shim builds without isolation: a venv with only pip fails",
-             "tests/gpu/fetch.sh", "    python3 -m pip wheel -q --no-deps -w .ourwheel . ;;",
+             "tools/gpu/fetch.sh", "    python3 -m pip wheel -q --no-deps -w .ourwheel . ;;",
              "    python3 -m pip wheel -q --no-deps --no-build-isolation -w .ourwheel . ;;",
              "tests/tools/test_gpu_harness.py::test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip", fast=False),
     mutation("gpu-doc-names-a-missing-script", "a GPU test names a helper script that does not exist",
-             "tests/gpu/test_gpu_engine.py", "``bash tests/gpu/fetch.sh engine``", "``tests/gpu/fetch_sglang.sh``",
+             "tests/gpu/test_gpu_engine.py", "``bash tools/gpu/fetch.sh engine``", "``tests/gpu/fetch_sglang.sh``",
              "tests/tools/test_gpu_harness.py::test_every_tests_gpu_path_the_project_names_exists"),
     # --- issue 17: breakages that passed because tests used only common values ------------------------------
     mutation("direct-path-takes-empty-input", "the direct path hands an M = 0 input to the kernel",
@@ -522,7 +522,7 @@ MUTATIONS = [
     mutation("worker-route-words-drift", "verify names a route in words the docs do not use",
              f"{PKG}/verify/workers.py", '    "plugin": "the SGLang plugin",', '    "plugin": "plugin",',
              "tests/test_docs.py::test_the_worker_activation_examples_are_what_verify_prints_for_them"),
-    # --- issue 20: FlashInfer's declared ops ----------------------------------------------------------------
+    # --- FlashInfer's declared ops -------------------------------------------------------------------------
     mutation("declared-eager-through-dispatcher", "eager calls of a declared function go through the shim's op",
              f"{PKG}/declared/build.py",
              '    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global\n',

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # FlashInfer's own GPU tests (norm, rope, activation, sampling, top-k) of one release, with the shim applied:
-#   bash tests/gpu/flashinfer_suite/run.sh VERSION
-# Needs .fitests/VERSION (tests/gpu/flashinfer_suite/fetch.sh, here) and that release importable (PYTHONPATH).
+#   bash tools/gpu/flashinfer_suite/run.sh VERSION
+# Needs .fitests/VERSION (tools/gpu/flashinfer_suite/fetch.sh, here) and that release importable (PYTHONPATH).
 # Results as JSON under $OUT (flashinfer_suite_<VERSION>_<run>.json):
 #   eager            every declared op on, FlashInfer's tests as written (FI_SUITE_CASES_EAGER per test, default 2);
 #   eager_no_shim    the eager failures again with FP4_DYNAMO_SHIM_DISABLE=1: a failure there too is FlashInfer's own;
@@ -13,7 +13,7 @@ set -uo pipefail
 version=${1:?version}
 repo=$(cd "$(dirname "$0")/../../.." && pwd)
 cd "$repo/.fitests/$version" || exit 3
-export PYTHONPATH=$repo/tests/gpu/flashinfer_suite:$repo/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$repo/tools/gpu/flashinfer_suite:$repo/src${PYTHONPATH:+:$PYTHONPATH}
 export OUT=${OUT:-/tmp}
 files=(tests/utils/test_norm.py tests/attention/test_rope.py tests/utils/test_activation.py
        tests/utils/test_sampling.py tests/utils/test_topk.py)

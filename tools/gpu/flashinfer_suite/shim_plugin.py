@@ -1,4 +1,4 @@
-"""pytest plugin for FlashInfer's own GPU tests with the shim applied first (``-p shim_plugin``; issue 20).
+"""pytest plugin for FlashInfer's own GPU tests with the shim applied first (``-p shim_plugin``).
 
 Loaded before FlashInfer's ``tests/conftest.py``, it applies the shim with ``FP4_DYNAMO_SHIM_FLASHINFER_OPS=all``
 (unless the variable is set), so FlashInfer's tests run against FlashInfer with every declared op registered;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copy FlashInfer's own GPU tests for norm, rope, activation, sampling and top-k, at the tags of the releases
 # the GPU machine runs, into the ignored folder .fitests/<version>/ (it travels with a command: about 0.4 MB).
-#   bash tests/gpu/flashinfer_suite/fetch.sh [MIRROR]
+#   bash tools/gpu/flashinfer_suite/fetch.sh [MIRROR]
 # MIRROR: a git clone of flashinfer-ai/flashinfer (default: the fetch tool's snapshot under /work/.mirror).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."

@@ -1,20 +1,20 @@
 #!/usr/bin/env bash
-# Issue 20 (FlashInfer's declared ops) on the GPU machine, one command per FlashInfer release, each < 10 min:
-#   bash tests/gpu/issue20.sh 0.6.12   carry .fi0.6.12 .fitests   (+ P1 for four functions)
-#   bash tests/gpu/issue20.sh 0.6.3    carry .whl .fitests        (FlashInfer 0.6.3 + SGLang 0.5.9's compile path)
-#   bash tests/gpu/issue20.sh bench    carry .fi0.6.12            (P1 alone, if the 0.6.12 command ran out of time)
-# Here first: bash tests/gpu/fetch.sh suite; bash tests/gpu/fetch.sh flashinfer 0.6.12;
-#             bash tests/gpu/flashinfer_suite/fetch.sh
+# FlashInfer's declared ops on the GPU machine, one command per FlashInfer release, each < 10 min:
+#   bash tools/gpu/declared_ops.sh 0.6.12   carry .fi0.6.12 .fitests   (+ P1 for four functions)
+#   bash tools/gpu/declared_ops.sh 0.6.3    carry .whl .fitests        (FlashInfer 0.6.3 + SGLang 0.5.9's compile path)
+#   bash tools/gpu/declared_ops.sh bench    carry .fi0.6.12            (P1 alone, if the 0.6.12 command ran out of time)
+# Here first: bash tools/gpu/fetch.sh suite; bash tools/gpu/fetch.sh flashinfer 0.6.12;
+#             bash tools/gpu/flashinfer_suite/fetch.sh
 # Steps share one deadline (DEADLINE seconds, default 570): the JIT modules are built in parallel first, then at
 # once tests/gpu/test_gpu_declared.py (writes $OUT/declared_report_<version>.json), FlashInfer's own tests
-# (tests/gpu/flashinfer_suite/run.sh) and, on 0.6.3, SGLang's NSA LayerNorm; P1 (0.6.12) last. Logs, JSON in $OUT.
+# (tools/gpu/flashinfer_suite/run.sh) and, on 0.6.3, SGLang's NSA LayerNorm; P1 (0.6.12) last. Logs, JSON in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 what=${1:?0.6.3, 0.6.12 or bench}
-out=${OUT:-/tmp/issue20}; mkdir -p "$out"; export OUT=$out
+out=${OUT:-/tmp/declared_ops}; mkdir -p "$out"; export OUT=$out
 version=$what; [ "$what" = bench ] && version=0.6.12
 wheels=.fi$version; [ "$version" = 0.6.3 ] && wheels=.whl
-site=/tmp/site-issue20-$version
+site=/tmp/site-declared-$version
 if [ ! -d "$site" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl || exit 3
 fi
@@ -30,7 +30,7 @@ step() {  # step NAME CAP command...: at most CAP seconds, and never past the de
   timeout "$cap" "$@" > "$out/$name.log" 2>&1; local status=$?
   tail -30 "$out/$name.log"; echo "== $name: exit $status at ${SECONDS}s"
 }
-step "warmup-$version" 240 python3 tests/gpu/declared_warmup.py
+step "warmup-$version" 240 python3 tools/gpu/declared_warmup.py
 if [ "$what" = bench ]; then
   step "p1-declared" 400 python3 benchmarks/p1_declared.py --save "$out"
   exit 0
@@ -39,7 +39,7 @@ fi
 # one cut short by the deadline still reports what it measured); P1 runs last and alone, timing needs the GPU.
 step "gpu-declared-$version" 330 python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_gpu_declared.py \
   --junitxml="$out/gpu_declared_$version.xml" &
-step "flashinfer-suite-$version" 330 bash tests/gpu/flashinfer_suite/run.sh "$version" &
+step "flashinfer-suite-$version" 330 bash tools/gpu/flashinfer_suite/run.sh "$version" &
 if [ "$version" = 0.6.3 ]; then
   step "gpu-declared-sglang-$version" 120 python3 -m pytest -q -rs -p no:cacheprovider \
     tests/gpu/test_gpu_declared_sglang.py --junitxml="$out/gpu_declared_sglang_$version.xml" &

@@ -1,7 +1,7 @@
-"""Build the JIT modules issue 20's GPU checks use, all in one ninja run (MAX_JOBS compile in parallel),
+"""Build the JIT modules the declared ops' GPU checks use, all in one ninja run (MAX_JOBS compile in parallel),
 instead of one after the other on first use: on the H200 that is minutes of a 10-minute command.
 
-    python3 tests/gpu/declared_warmup.py
+    python3 tools/gpu/declared_warmup.py
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Install, on the GPU machine, what tests/gpu/fetch.sh brought (each set travels with its own command):
-#   bash tests/gpu/stage.sh kernel      unpack .sgl/k (the slimmed sgl_kernel) into /tmp/stage/sk
-#   bash tests/gpu/stage.sh engine      .sgl/w into /tmp/site, plus /tmp/stage/sk: SGLang 0.5.11's engine
-#   bash tests/gpu/stage.sh kernel-0.5.14  unpack .sgl14/k (sglang-kernel 0.4.4, slimmed) into /tmp/site14
-#   bash tests/gpu/stage.sh engine-0.5.14 w1|w2  .sgl14/<part> into /tmp/site14 (one part per command): SGLang 0.5.14
-#   bash tests/gpu/stage.sh suite       .whl into /tmp/site059: FlashInfer 0.6.3 + SGLang 0.5.9's compile path
-#   bash tests/gpu/stage.sh flashinfer V .fi<V> into /tmp/site<V>
-#   bash tests/gpu/stage.sh shim        this project's wheel (.ourwheel) into python3's own site-packages
-#   bash tests/gpu/stage.sh suite-extras  the pure-Python part of .sgl/w into /tmp/site059 (0.5.9's modelopt
+# Install, on the GPU machine, what tools/gpu/fetch.sh brought (each set travels with its own command):
+#   bash tools/gpu/stage.sh kernel      unpack .sgl/k (the slimmed sgl_kernel) into /tmp/stage/sk
+#   bash tools/gpu/stage.sh engine      .sgl/w into /tmp/site, plus /tmp/stage/sk: SGLang 0.5.11's engine
+#   bash tools/gpu/stage.sh kernel-0.5.14  unpack .sgl14/k (sglang-kernel 0.4.4, slimmed) into /tmp/site14
+#   bash tools/gpu/stage.sh engine-0.5.14 w1|w2  .sgl14/<part> into /tmp/site14 (one part per command): SGLang 0.5.14
+#   bash tools/gpu/stage.sh suite       .whl into /tmp/site059: FlashInfer 0.6.3 + SGLang 0.5.9's compile path
+#   bash tools/gpu/stage.sh flashinfer V .fi<V> into /tmp/site<V>
+#   bash tools/gpu/stage.sh shim        this project's wheel (.ourwheel) into python3's own site-packages
+#   bash tools/gpu/stage.sh suite-extras  the pure-Python part of .sgl/w into /tmp/site059 (0.5.9's modelopt
 #                                       module imports more of SGLang than its compile path: openai, ...)
 # Then put the site folder first on PYTHONPATH (tests/gpu/run.sh does it with FP4_DYNAMO_SHIM_TEST_SITE).
 set -euo pipefail

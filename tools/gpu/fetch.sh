@@ -2,19 +2,19 @@
 # Bring what the GPU machine lacks, as wheels, into ignored folders of this checkout (that machine has no
 # network; each command there carries at most 64 MiB, so the sets below travel with separate commands).
 #
-#   bash tests/gpu/fetch.sh suite        .whl/        flashinfer 0.6.3 + what `import sglang` (0.5.9) and its
+#   bash tools/gpu/fetch.sh suite        .whl/        flashinfer 0.6.3 + what `import sglang` (0.5.9) and its
 #                                                     compile path need on that image (about 24 MB): the GPU suite
-#   bash tests/gpu/fetch.sh engine       .sgl/w/      SGLang 0.5.11's engine import closure (about 53 MB of wheels:
+#   bash tools/gpu/fetch.sh engine       .sgl/w/      SGLang 0.5.11's engine import closure (about 53 MB of wheels:
 #                                                     sglang, flashinfer 0.6.8.post1, transformers 5.6.0, ...)
 #                                        .sgl/k/      sgl_kernel_slim.tgz: sglang-kernel 0.4.2 without FlashAttention-3's
 #                                                     1 GB library and the sm100 build (26 MB; SM90 loads sm90/common_ops)
-#   bash tests/gpu/fetch.sh engine-0.5.14 .sgl14/w1/, .sgl14/w2/  SGLang 0.5.14's engine import closure (about 105 MB
+#   bash tools/gpu/fetch.sh engine-0.5.14 .sgl14/w1/, .sgl14/w2/  SGLang 0.5.14's engine import closure (about 105 MB
 #                                                     of wheels in two folders under 60 MB each: sglang, flashinfer
 #                                                     0.6.12, transformers 5.8.1, xgrammar 0.2.1, ...)
 #                                        .sgl14/k/    sgl_kernel_slim.tgz: sglang-kernel 0.4.4 without FlashAttention-3
 #                                                     (flash_ops.abi3.so, 1.76 GB) and sm100/ (SM90 loads sm90/common_ops)
-#   bash tests/gpu/fetch.sh flashinfer V .fi<V>/      one FlashInfer release (e.g. 0.6.12 for P1 against FlashInfer's op)
-#   bash tests/gpu/fetch.sh shim         .ourwheel/   this project's wheel (the hook and plugin routes need a real install)
+#   bash tools/gpu/fetch.sh flashinfer V .fi<V>/      one FlashInfer release (e.g. 0.6.12 for P1 against FlashInfer's op)
+#   bash tools/gpu/fetch.sh shim         .ourwheel/   this project's wheel (the hook and plugin routes need a real install)
 #
 # Why these versions: SGLang 0.5.11 pins torch 2.11.0 (the GPU machine's torch) and sglang-kernel 0.4.2 built for
 # it, so its real engine runs there; 0.5.14 pins torch 2.11.0 and sglang-kernel 0.4.4 too; 0.5.9 pins torch
