@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import sys
 from pathlib import Path
 
 import flashinfer
@@ -24,6 +25,7 @@ from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim import settings as config
 from _fp4_dynamo_shim import lifecycle as patching
 from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim.entry import startup
 from fp4_dynamo_shim.errors import ApplyError
 from helpers import SRC, run_python
 
@@ -287,3 +289,39 @@ def test_documented_install_lines_install_something_that_exists():
 def test_usage_docs_explain_how_to_see_whether_workers_are_active():
     usage = (ROOT / "docs" / "usage.md").read_text()
     assert "## Is it active in my SGLang workers?" in usage and "worker-activation" in usage
+
+
+@pytest.mark.slow
+def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_path):
+    from _fp4_dynamo_shim.routes import site_files as hook
+
+    hook.install_hook(tmp_path, check=False)  # the block calls install() with its default route
+    code = ("import sys, flashinfer, _fp4_dynamo_shim.entry.startup as h; s = sys.modules.get('_fp4_dynamo_shim.lifecycle'); "
+            "print(h.route, s.status()['activated_by'] if s else None)")
+    assert run_python(code, extra_path=str(tmp_path)).stdout.split() == ["sitecustomize", "sitecustomize"]
+    # FP4_DYNAMO_SHIM_DISABLE=1: install() puts no hook in place at all (not merely a refusing apply()).
+    disabled = run_python(code, env={"FP4_DYNAMO_SHIM_DISABLE": "TRUE"}, extra_path=str(tmp_path))
+    assert disabled.stdout.split() == ["None", "None"], disabled.stderr
+
+
+def test_install_honours_the_kill_switch_in_process(monkeypatch):
+    monkeypatch.setattr(startup, "_installed", False)
+    monkeypatch.setattr(startup, "route", None)
+    monkeypatch.setenv(switches.DISABLE, "Yes")
+    before = list(sys.meta_path)
+    startup.install()
+    assert startup.route is None and sys.meta_path == before
+
+
+def test_status_lists_what_the_plugin_rebound(tmp_path, monkeypatch):
+    (tmp_path / "late_bound_layer.py").write_text("fp4_quantize = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import late_bound_layer
+
+    try:
+        late_bound_layer.fp4_quantize = patching.original_function()
+        sglang.plugin()
+        assert getattr(late_bound_layer.fp4_quantize, "__fp4_dynamo_shim__", False)
+        assert "late_bound_layer.fp4_quantize" in fp4_dynamo_shim.status()["rebound"]
+    finally:
+        sys.modules.pop("late_bound_layer", None)

@@ -237,3 +237,19 @@ def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
                                      ("refuse", False, False), (None, False, False)):
         monkeypatch.setattr(checks, "_mode", lambda device: mode)
         assert (checks._launches("cuda"), checks._computes_values("cuda")) == (launches, computes), mode
+
+
+def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypatch):
+    # Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit; eager calls keep the
+    # launcher the replacement bound when it was built.
+    def flipped(input, *arguments):
+        ops.launch_reference(input, *arguments)
+        arguments[1].view(-1)[0] ^= 1
+
+    monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError, match="compiled output differs from eager"):
+        checks.check_compiled_matches_eager("cpu")
+    monkeypatch.undo()
+    torch._dynamo.reset()
+    assert "equals eager bitwise" in checks.check_compiled_matches_eager("cpu")

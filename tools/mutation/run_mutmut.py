@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
 _SUBPROCESS_TESTS = (  # minutes of venvs and children, which mutmut's trampolines do not follow
-    "--deselect", "tests/lifecycle/test_edges.py::test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch",
+    "--deselect", "tests/activation/test_routes.py::test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch",
     "--deselect", "tests/lifecycle/test_lifecycle.py::test_import_without_flashinfer_installed_succeeds_and_says_so",
 )
 #: Tests that compare a compiled region with eager execution, where both compute with the same reference
@@ -79,12 +79,15 @@ GROUPS = (  # cheapest first
         "fp4_arithmetic": ["_fp4_dynamo_shim.fp4.arithmetic.*"],
         "reference": ["_fp4_dynamo_shim.fp4.reference.*"],
         "layout": ["_fp4_dynamo_shim.fp4.layout.*"],
-    }, ("tests/fp4/test_reference.py", "tests/fp4/test_kernel_modes.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py",
+    }, ("tests/fp4/test_reference.py", "tests/fp4/test_kernel_modes.py", "tests/fp4/test_arithmetic.py",
+        "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
         "tests/fp4/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
     Group("start-up and tables", {
         "switches": ["_fp4_dynamo_shim.switches.*"],
         "targets": ["_fp4_dynamo_shim.fp4.releases.*"],
-    }, ("tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py", *_SUBPROCESS_TESTS,
+    }, ("tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py",
+        "tests/activation/test_routes.py::test_install_honours_the_kill_switch_in_process",
+        "tests/activation/test_routes.py::test_status_lists_what_the_plugin_rebound", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py", *_SUBPROCESS_TESTS,
         "tests/fp4/test_op.py::test_each_release_gets_the_row_its_wheel_calls_for",
         "tests/fp4/test_op.py::test_swizzled_scale_factor_columns_follow_the_release",
         "tests/fp4/test_op.py::test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it",
@@ -92,12 +95,13 @@ GROUPS = (  # cheapest first
         "tests/fp4/test_flashinfer_op.py::test_the_release_table_says_what_flashinfers_op_body_does")),
     Group("checks", {
         "checks": ["_fp4_dynamo_shim.verify.checks.*"],
-    }, ("tests/verify/test_checks.py", "tests/lifecycle/test_edges.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
+    }, ("tests/verify/test_checks.py", "tests/verify/test_checks.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
         "tests/fp4/test_flashinfer_op.py::test_verify_compiles_flashinfers_op_with_a_kernel_that_cannot_take_fake_tensors")),
     Group("family", {
         "family_ops": ["_fp4_dynamo_shim.fp4.family_ops.*"],
         "family": ["_fp4_dynamo_shim.fp4.family.*"],
-    }, ("tests/fp4/test_family.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
+    }, ("tests/fp4/test_family.py", "tests/fp4/test_family_arithmetic.py", "tests/fp4/test_layouts.py",
+        "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
         *_STATUS_PROPERTY)),
     Group("tracing", {
         "wrapper (direct path)": ["_fp4_dynamo_shim.fp4.replacement.x__direct_path__mutmut_*",
@@ -105,7 +109,8 @@ GROUPS = (  # cheapest first
         "ops": ["_fp4_dynamo_shim.fp4.quantize_op.*"],
         "flashinfer_op": ["_fp4_dynamo_shim.fp4.flashinfer_op.*"],
     }, ("tests/fp4/test_op.py", "tests/fp4/test_compile.py", "tests/fp4/test_flashinfer_op.py", "tests/fp4/test_parity.py",
-        "tests/fp4/test_battery.py", "tests/lifecycle/test_edges.py", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py",
+        "tests/fp4/test_battery.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
+        "tests/lifecycle/test_lifecycle.py",
         *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
