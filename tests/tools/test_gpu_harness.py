@@ -28,6 +28,24 @@ def test_every_gpu_harness_path_the_project_names_exists():
     assert sorted(name for name in named if not (ROOT / name).exists()) == []
 
 
+def test_every_project_module_a_gpu_test_imports_is_on_the_gpu_runs_path():
+    """The GPU run puts tests/gpu, tests/gpu/engine and tests/support on the path (pyproject, conftest), nothing
+    under tools/: a GPU test importing a helper that moved there fails at collection, on the GPU machine only
+    (tests/gpu/conftest.py skips collecting them here)."""
+    import ast
+
+    on_path = {path.stem for folder in ("tests/gpu", "tests/gpu/engine", "tests/support") for path in (ROOT / folder).glob("*.py")}
+    elsewhere = {path.stem for path in ROOT.glob("tools/**/*.py")} | {path.stem for path in ROOT.glob("benchmarks/*.py")}
+    missing = []
+    for path in ROOT.glob("tests/gpu/**/*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            missing += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                        if name.split(".")[0] in elsewhere and name.split(".")[0] not in on_path]
+    assert missing == []
+
+
 @pytest.mark.slow
 def test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip(tmp_path):
     """No setuptools, no wheel package: the build gets its backend from the index (build isolation)."""

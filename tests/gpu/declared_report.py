@@ -1,7 +1,7 @@
 """The declared ops' GPU table: per FlashInfer module, declared ops registered / public functions traced / bit-exact /
 captured / opcheck-clean, and declarations not registered (by kind), for the installed release, as JSON.
 
-    python3 tools/gpu/declared_report.py --output $OUT/declared_report_<version>.json
+    python3 tests/gpu/declared_report.py --output $OUT/declared_report_<version>.json
 
 ``tests/gpu/test_gpu_declared.py`` writes the same table from its own run when ``$OUT`` is set.
 
@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tests" / "gpu"), str(ROOT / "tests" / "support")]
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "support")]
 
 import torch  # noqa: E402
 
