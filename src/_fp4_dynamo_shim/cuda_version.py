@@ -14,7 +14,7 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from packaging.version import Version
@@ -31,11 +31,14 @@ class CudaVersion:
     source: str
     nvcc: Optional[Version]
     nvcc_path: Optional[str]
+    #: Why the version asked for (``nvcc``) is not the one FlashInfer is told, or None.
+    problem: Optional[str] = None
 
 
 def describe(resolved: CudaVersion) -> dict:
     return {"value": str(resolved.version) if resolved.version else None, "source": resolved.source,
-            "nvcc": str(resolved.nvcc) if resolved.nvcc else None, "nvcc_path": resolved.nvcc_path}
+            "nvcc": str(resolved.nvcc) if resolved.nvcc else None, "nvcc_path": resolved.nvcc_path,
+            "problem": resolved.problem}
 
 
 def find_nvcc() -> Optional[str]:
@@ -52,27 +55,42 @@ def find_nvcc() -> Optional[str]:
     return default if os.path.exists(default) else None
 
 
-def nvcc_release(nvcc: Optional[str]) -> Optional[Version]:
+#: Seconds ``nvcc --version`` may take before the shim gives up on it (apply() waits for it).
+NVCC_TIMEOUT_S = 30
+
+
+def nvcc_release(nvcc: Optional[str]) -> Tuple[Optional[Version], Optional[str]]:
+    """(the CUDA release ``nvcc --version`` prints, None) or (None, why there is none)."""
     if nvcc is None:
-        return None
+        return None, "no nvcc was found ($CUDA_HOME/bin, PATH, /usr/local/cuda/bin)"
     try:
-        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30, check=True).stdout
+        text = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=NVCC_TIMEOUT_S,
+                              check=True).stdout
+    except subprocess.TimeoutExpired:
+        return None, f"{nvcc} --version did not finish in {NVCC_TIMEOUT_S} s"
+    except subprocess.CalledProcessError as error:
+        return None, f"{nvcc} --version exited with status {error.returncode}"
     except (OSError, subprocess.SubprocessError) as error:
-        logger.debug("could not run %s --version: %s", nvcc, error)
-        return None
+        return None, f"{nvcc} --version could not run ({type(error).__name__}: {error})"
     match = re.search(r"release (\d+\.\d+),", text)
-    return Version(match.group(1)) if match else None
+    if match is None:
+        return None, f"{nvcc} --version printed no 'release X.Y,' ({text.strip()[:80]!r})"
+    return Version(match.group(1)), None
 
 
 def resolve(setting: str) -> CudaVersion:
     """Decide the version per ``FP4_DYNAMO_SHIM_CUDA_VERSION`` (``torch``, ``nvcc`` or ``X.Y``)."""
     nvcc_path = find_nvcc()
-    nvcc = nvcc_release(nvcc_path)
+    nvcc, nvcc_problem = nvcc_release(nvcc_path)
     torch_cuda = Version(torch.version.cuda) if torch.version.cuda else None
+    problem = None
     if setting == "torch":
         version, source = (torch_cuda, "torch") if torch_cuda else (nvcc, "nvcc")
     elif setting == "nvcc":
         version, source = (nvcc, "nvcc") if nvcc else (torch_cuda, "torch")
+        if nvcc is None:
+            problem = (f"FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc, but {nvcc_problem}; FlashInfer's JIT is told "
+                       + (f"torch's CUDA {torch_cuda}" if torch_cuda else "nothing new (its own lookup is kept)"))
     else:
         try:
             version, source = Version(setting), "environment"
@@ -86,7 +104,7 @@ def resolve(setting: str) -> CudaVersion:
             "Set FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc|torch|X.Y to choose.",
             nvcc_path, nvcc, torch_cuda, version, source,
         )
-    return CudaVersion(version, source, nvcc, nvcc_path)
+    return CudaVersion(version, source, nvcc, nvcc_path, problem)
 
 
 def _padded(parts) -> tuple:
@@ -132,6 +150,7 @@ class CudaLayer:
 
     def describe(self) -> dict:
         return {"cuda_version": describe(self.resolved),
+                "warnings": [self.resolved.problem] if self.resolved.problem else [],
                 "skipped": [] if self.resolved.version is not None else [
                     "CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept"]}
 

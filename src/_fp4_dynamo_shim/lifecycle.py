@@ -129,6 +129,10 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
     applied = []
     try:
         applied.append(cuda_version.apply(settings.cuda_version, cpp_ext))
+        if applied[0].resolved.problem:
+            if settings.strict:
+                raise ApplyError(applied[0].resolved.problem)
+            switches.warn(applied[0].resolved.problem)
         applied.append(fp4_layer.apply(version, target, module, settings.fallback))
         applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, settings.strict))
     except BaseException:
@@ -264,9 +268,10 @@ def status() -> dict:
         }
         if applied is None:
             return report
-        # Each layer describes its part; "skipped" collects theirs, the FP4 layer's first.
+        # Each layer describes its part; "skipped" collects theirs, the FP4 layer's first, and "warnings" adds theirs.
         parts = [applied.fp4.describe(), applied.cuda.describe(), applied.declared.describe()]
-        report.update({key: value for part in parts for key, value in part.items() if key != "skipped"})
+        report.update({key: value for part in parts for key, value in part.items() if key not in ("skipped", "warnings")})
         report["skipped"] = [line for part in parts for line in part["skipped"]]
+        report["warnings"] += [line for part in parts for line in part.get("warnings", [])]
         report["rebound"] = [str(binding) for binding in applied.bindings]
         return report

@@ -7,11 +7,15 @@ has no CUDA toolkit), and ``torch.version.cuda`` set by hand (this torch is a CP
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from packaging.version import Version
 
+import fp4_dynamo_shim
 from _fp4_dynamo_shim import cuda_version
+from fp4_dynamo_shim.errors import ApplyError
 
 
 @pytest.fixture
@@ -82,3 +86,52 @@ def test_with_no_version_known_the_replacements_defer_to_flashinfers_lookup_each
     assert get() == Version("11.2")
     assert at_least("12.0") and not at_least("12.8")
     assert len(calls) == 3
+
+
+# --- nvcc failing in each way it can: the outcome is the documented fallback, said, or strict's ApplyError ---------
+
+NVCC_FAULTS = {
+    "missing": None,
+    "non-zero exit": "#!/bin/sh\necho 'nvcc fatal : something broke' >&2\nexit 3\n",
+    "hang": "#!/bin/sh\nexec sleep 30\n",
+    "unparsable output": "#!/bin/sh\necho 'Cuda compilation tools, version twelve'\n",
+}
+NVCC_PROBLEMS = {"missing": "no nvcc was found", "non-zero exit": "exited with status 3",
+                 "hang": "did not finish in 1 s", "unparsable output": "printed no 'release X.Y,'"}
+
+
+@pytest.fixture(params=NVCC_FAULTS)
+def failing_nvcc(request, tmp_path, monkeypatch):
+    """A CUDA home whose bin/nvcc fails in one way (a shell script: this machine has no CUDA toolkit); the
+    timeout is 1 s here so that the hanging one costs a second, not the 30 s apply() would wait."""
+    (tmp_path / "bin").mkdir()
+    script = NVCC_FAULTS[request.param]
+    if script is not None:
+        nvcc = tmp_path / "bin" / "nvcc"
+        nvcc.write_text(script)
+        nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.setattr(cuda_version, "NVCC_TIMEOUT_S", 1)
+    return request.param
+
+
+def test_each_nvcc_failure_falls_back_to_torchs_version_and_says_why(failing_nvcc, torch_built_for):
+    torch_built_for("12.8")
+    resolved = cuda_version.resolve("nvcc")
+    assert (resolved.version, resolved.source, resolved.nvcc) == (Version("12.8"), "torch", None)
+    assert NVCC_PROBLEMS[failing_nvcc] in resolved.problem and "torch's CUDA 12.8" in resolved.problem
+    assert cuda_version.resolve("torch").problem is None  # nvcc was not asked for: nothing to say
+
+
+def test_each_nvcc_failure_is_a_warning_in_status_and_an_apply_error_under_strict(failing_nvcc, applied_with):
+    import flashinfer
+    from flashinfer.jit import cpp_ext
+
+    status = applied_with(CUDA_VERSION="nvcc")
+    assert status["applied"] and NVCC_PROBLEMS[failing_nvcc] in status["cuda_version"]["problem"]
+    assert any(NVCC_PROBLEMS[failing_nvcc] in warning for warning in status["warnings"])
+    fp4_dynamo_shim.revert()
+    before = (flashinfer.fp4_quantize, cpp_ext.get_cuda_version, cpp_ext.is_cuda_version_at_least)
+    with pytest.raises(ApplyError, match=re.escape(NVCC_PROBLEMS[failing_nvcc])):
+        applied_with(CUDA_VERSION="nvcc", STRICT="1")
+    assert (flashinfer.fp4_quantize, cpp_ext.get_cuda_version, cpp_ext.is_cuda_version_at_least) == before

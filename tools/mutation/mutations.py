@@ -112,6 +112,12 @@ MUTATIONS = [
              f"{PKG}/fp4/devices.py", "        mm_fp4=mm_fp4,\n    )\n",
              "        mm_fp4=mm_fp4,\n    )\n    global _mm_fp4_original\n    _mm_fp4_original = mm_fp4\n",
              "tests/lifecycle/test_lifecycle.py::test_no_module_of_the_shim_holds_an_original_once_applied"),
+    mutation("nvcc-failure-silent", "FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc with a failing nvcc falls back without a word",
+             f"{PKG}/cuda_version.py", "        if nvcc is None:\n            problem = (", "        if False:\n            problem = (",
+             "tests/lifecycle/test_cuda_version.py::test_each_nvcc_failure_falls_back_to_torchs_version_and_says_why"),
+    mutation("nvcc-failure-not-strict", "strict mode only warns when the nvcc asked for gives no version",
+             f"{PKG}/lifecycle.py", "            if settings.strict:\n                raise ApplyError(applied[0].resolved.problem)\n", "",
+             "tests/lifecycle/test_cuda_version.py::test_each_nvcc_failure_is_a_warning_in_status_and_an_apply_error_under_strict"),
     # --- behaviours that already had a catching test ---------------------------------------------------------
     mutation("fake-contiguous-strides", "the fake returns contiguous outputs for column-major input",
              f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",
