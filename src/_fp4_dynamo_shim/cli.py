@@ -75,13 +75,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         except hook.HookNotRunning as error:
             print(f"fp4-dynamo-shim install-hook: {error}", file=sys.stderr)
             return EXIT_FAILED
+        except OSError as error:  # a site directory this user cannot write: nothing was written
+            print(f"fp4-dynamo-shim install-hook: cannot write the hook in {options.site_dir or hook.default_site_dir()} "
+                  f"({error.strerror or error}); nothing was changed", file=sys.stderr)
+            return EXIT_FAILED
         verb = "wrote the import hook to" if installed.changed else "import hook already present in"
         print(f"{verb} {installed.path} ({installed.route} route; checked: a new interpreter runs it)")
         disabled = _kill_switch_note()
         if disabled:
             print(f"fp4-dynamo-shim install-hook: {disabled}", file=sys.stderr)
     else:
-        changed = hook.uninstall_hook(options.site_dir)
+        try:
+            changed = hook.uninstall_hook(options.site_dir)
+        except OSError as error:
+            print(f"fp4-dynamo-shim uninstall-hook: cannot change {options.site_dir or hook.default_site_dir()} "
+                  f"({error.strerror or error})", file=sys.stderr)
+            return EXIT_FAILED
         print("removed the import hook from " + ", ".join(map(str, changed)) if changed else
               f"no import hook in {options.site_dir or hook.default_site_dir()}")
     return EXIT_OK

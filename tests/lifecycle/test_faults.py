@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import time
 
 import flashinfer
 import pytest
@@ -14,6 +15,8 @@ import torch
 import torch._dynamo.testing
 
 import fp4_dynamo_shim
+import stand_in_gpu
+from fp4_dynamo_shim.errors import ApplyError
 from helpers import run_python
 
 STATUS = "import json, fp4_dynamo_shim; print(json.dumps(fp4_dynamo_shim.status()))"
@@ -26,7 +29,8 @@ def test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so(tm
     status = json.loads(result.stdout.strip().splitlines()[-1])
     assert status["applied"]
     if torch.version.cuda is None:
-        assert status["cuda_version"] == {"value": None, "source": "none", "nvcc": None, "nvcc_path": None}
+        assert status["cuda_version"] == {"value": None, "source": "none", "nvcc": None, "nvcc_path": None,
+                                          "problem": None}
         assert any("CUDA version" in line for line in status["skipped"])
     else:
         assert status["cuda_version"]["source"] == "torch"
@@ -93,3 +97,69 @@ def test_disable_variable_makes_the_import_a_no_op():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert json.loads(lines[-2])["applied"] is False and lines[-1] == "False"
+
+
+# --- FlashInfer's JIT build failing in each way it can (stand-in SM100: tests/support/stand_in_gpu.py) -----------
+
+class _Spec:
+    """What FlashInfer's module generator returns, with a build that does what the test asks."""
+
+    def __init__(self, build):
+        self.build_and_load = build
+
+
+def _build_with(stand_in_sm100, monkeypatch, build):
+    module, _, apply = stand_in_sm100
+    monkeypatch.setattr(module, "gen_fp4_quantization_sm100_module", lambda: _Spec(build))
+    module.get_fp4_quantization_module.cache_clear()
+    return module, apply
+
+
+def _untouched():
+    from flashinfer.jit import cpp_ext
+
+    return flashinfer.fp4_quantize, cpp_ext.get_cuda_version, cpp_ext.is_cuda_version_at_least
+
+
+def test_a_failing_jit_build_refuses_with_its_error_and_leaves_flashinfer_untouched(stand_in_sm100, applied_with,
+                                                                                   monkeypatch):
+    def fail():
+        raise RuntimeError("ninja: build stopped: subcommand failed")
+
+    _build_with(stand_in_sm100, monkeypatch, fail)
+    before = _untouched()
+    status = applied_with()
+    assert not status["applied"] and "ninja: build stopped" in status["problem"]
+    assert "FlashInfer was left untouched" in status["problem"] and _untouched() == before
+    with pytest.raises(ApplyError, match="ninja: build stopped"):
+        applied_with(STRICT="1")
+    assert _untouched() == before
+
+
+def test_a_jit_module_without_fp4_quantize_refuses_naming_what_it_has(stand_in_sm100, applied_with, monkeypatch):
+    class Mismatched:  # a JIT cache built from other sources: the module loads, the entry is not there
+        def fp4_quantize_renamed(self, *arguments):
+            pass
+
+    _build_with(stand_in_sm100, monkeypatch, Mismatched)
+    before = _untouched()
+    status = applied_with()
+    assert not status["applied"] and "has no fp4_quantize entry" in status["problem"]
+    assert "fp4_quantize_renamed" in status["problem"] and _untouched() == before
+
+
+def test_a_slow_jit_build_is_waited_for_once_and_its_time_reported(stand_in_sm100, applied_with, monkeypatch):
+    """No timeout is imposed on FlashInfer's build (a cold build legitimately takes minutes, and FlashInfer's own
+    first call would wait as long): apply() waits, once, and status says how long. A build that never ends
+    blocks apply() as it would block FlashInfer's first call; that case is not run here."""
+    builds = []
+
+    def slow():
+        builds.append(time.perf_counter())
+        time.sleep(1.0)
+        return stand_in_gpu.RecordingModule()
+
+    _build_with(stand_in_sm100, monkeypatch, slow)
+    status = applied_with()
+    assert status["applied"] and status["devices"][0]["load_seconds"] >= 1.0
+    assert len(builds) == 1

@@ -180,3 +180,26 @@ def test_pip_on_python_3_9_refuses_the_wheel_by_its_requires_python(installed):
     result = subprocess.run([_python39(), "-m", "pip", "install", "--dry-run", "--no-deps", "--no-index", wheel],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "requires a different Python: 3.9" in result.stderr, result.stderr[-1500:]
+
+
+@pytest.mark.parametrize("command", ["install-hook", "uninstall-hook"])
+def test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothing(command, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """Stand-in: the write is refused by a patched ``tempfile.mkstemp``/``Path.unlink`` raising EACCES, because
+    this runner is root, which permission bits do not stop. What is real: the CLI and the hook's writer."""
+    from _fp4_dynamo_shim import cli
+    from _fp4_dynamo_shim.routes import site_files
+
+    if command == "uninstall-hook":
+        (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    def refused(*arguments, **keywords):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(site_files.tempfile, "mkstemp", refused)
+    monkeypatch.setattr(site_files.Path, "unlink", refused)
+    assert cli.main([command, "--site-dir", str(tmp_path)]) == 1
+    error = capsys.readouterr().err
+    assert f"fp4-dynamo-shim {command}: cannot" in error and str(tmp_path) in error and "Permission denied" in error
+    assert "Traceback" not in error and sorted(p.name for p in tmp_path.iterdir()) == before

@@ -118,6 +118,12 @@ MUTATIONS = [
     mutation("nvcc-failure-not-strict", "strict mode only warns when the nvcc asked for gives no version",
              f"{PKG}/lifecycle.py", "            if settings.strict:\n                raise ApplyError(applied[0].resolved.problem)\n", "",
              "tests/lifecycle/test_cuda_version.py::test_each_nvcc_failure_is_a_warning_in_status_and_an_apply_error_under_strict"),
+    mutation("jit-module-without-entry-accepted", "a JIT module lacking fp4_quantize is accepted (calls fail later)",
+             f"{PKG}/fp4/kernels.py", "            if kernel is None:  # a JIT", "            if False:  # a JIT",
+             "tests/lifecycle/test_faults.py::test_a_jit_module_without_fp4_quantize_refuses_naming_what_it_has"),
+    mutation("unwritable-site-traceback", "install-hook into a directory it cannot write ends in a traceback",
+             f"{PKG}/cli.py", "        except OSError as error:  # a site directory", "        except KeyError as error:  # a site directory",
+             "tests/verify/test_cli.py::test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothing"),
     # --- behaviours that already had a catching test ---------------------------------------------------------
     mutation("fake-contiguous-strides", "the fake returns contiguous outputs for column-major input",
              f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",

@@ -113,7 +113,11 @@ def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, r
         if seconds is not None:
             logger.info("fp4_dynamo_shim: FP4 module for %s (SM%s) built/loaded in %.2f s", device.name, backend, seconds)
         if mode in ("kernel", "launch"):
-            launchers[index] = make_kernel_launcher(jit_module_of(namespace).fp4_quantize, target, device.enable_pdl)
+            kernel = getattr(jit_module_of(namespace), "fp4_quantize", None)
+            if kernel is None:  # a JIT cache built from other sources, or a release that renamed the entry
+                raise RuntimeError(f"FlashInfer's FP4 JIT module for SM{backend} has no fp4_quantize entry "
+                                   f"(its functions: {', '.join(n for n in dir(jit_module_of(namespace)) if not n.startswith('_'))})")
+            launchers[index] = make_kernel_launcher(kernel, target, device.enable_pdl)
             if mode == "launch":
                 logger.warning(
                     "fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM%s, "
