@@ -87,7 +87,8 @@ def apply(route: str = "apply()") -> bool:
 
     Returns False, with ``status()["problem"]`` saying why and one warning, when the shim cannot apply
     (``FP4_DYNAMO_SHIM_DISABLE=1`` is not a warning: it was asked for). With ``FP4_DYNAMO_SHIM_STRICT=1``
-    every refusal and every variable value it does not understand raises :class:`ApplyError` instead.
+    every refusal and every variable value it does not understand raises :class:`ApplyError` instead, unless
+    the kill switch is on too: switched off, nothing raises (values it does not understand are still warned).
     ``route`` is recorded in ``status()["activated_by"]``.
     """
     with _lock:
@@ -95,7 +96,7 @@ def apply(route: str = "apply()") -> bool:
             return True
         settings = Settings.from_environment()
         for problem in settings.problems:
-            if settings.strict:
+            if settings.strict and not settings.disabled:  # switched off, the shim raises nothing
                 _refuse(problem, settings)
             switches.warn(problem)
         if settings.disabled:

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
+from _fp4_dynamo_shim.settings import Settings
+from fp4_dynamo_shim.errors import ApplyError
 
 
 SWITCH = switches.STRICT
@@ -29,3 +32,59 @@ def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_acc
     value, problem = switches.read(SWITCH, {SWITCH: "maybe"})
     assert (value, problem) == (False, f"{SWITCH}='maybe' is not understood; use 1, true, yes or on to switch it "
                                        "on, or 0, false, no, off or unset for off (treated as off)")
+
+
+# --- every variable in one table: words in any case and spacing, unset, empty, unknown ------------------------------
+
+def _spellings(word):
+    return [word, word.upper(), word[:1].upper() + word[1:], f"  {word}\t", f"\n{word.upper()} "]
+
+
+def _cases():
+    for name, variable in switches.VARIABLES.items():
+        yield name, None, variable.default, False
+        yield name, "", variable.default, False
+        yield name, "  ", variable.default, False
+        for word, value in variable.words.items():
+            for spelling in _spellings(word):
+                yield name, spelling, value, False
+        yield name, "bogus", variable.default, True
+    yield switches.CUDA_VERSION, " 12.8 ", "12.8", False  # the one variable that also takes a pattern
+
+
+@pytest.mark.parametrize("name, raw, value, understood_not", list(_cases()),
+                         ids=lambda item: repr(item) if isinstance(item, str) or item is None else "")
+def test_every_variable_reads_every_spelling_the_same_way(name, raw, value, understood_not, monkeypatch):
+    for other in switches.VARIABLES:
+        monkeypatch.delenv(other, raising=False)
+    if raw is not None:
+        monkeypatch.setenv(name, raw)
+    settings = Settings.from_environment()
+    assert getattr(settings, switches.VARIABLES[name].setting) == value
+    assert len(settings.problems) == int(understood_not)
+    if understood_not:
+        assert name in settings.problems[0] and "'bogus'" in settings.problems[0]
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["strict-off", "strict-on"])
+@pytest.mark.parametrize("disabled", [False, True], ids=["kill-off", "kill-on"])
+@pytest.mark.parametrize("name", [name for name in switches.VARIABLES if name not in (switches.STRICT, switches.DISABLE)])
+def test_an_unknown_value_with_strict_and_the_kill_switch(name, strict, disabled, applied_with):
+    """Unknown value: warned and in status() always; an ApplyError only under strict with the shim switched on
+    (switched off, the shim raises nothing: the kill switch is the user's choice, not a refusal)."""
+    environment = {name: "bogus", "STRICT": "1" if strict else None, "DISABLE": "1" if disabled else None}
+    if strict and not disabled:
+        with pytest.raises(ApplyError, match=name):
+            applied_with(**environment)
+        assert not fp4_dynamo_shim.status()["applied"]
+        return
+    status = applied_with(**environment)
+    assert status["applied"] is not disabled and status["disabled"] is disabled
+    assert [warning for warning in status["warnings"] if name in warning and "'bogus'" in warning]
+    shows_the_default = {
+        switches.FALLBACK: lambda: status["fallback"] == "error",
+        switches.FLASHINFER_OPS: lambda: disabled or status["flashinfer_ops"]["gate"] == "sglang",
+        switches.CUDA_VERSION: lambda: disabled or status["cuda_version"]["source"] != "environment",
+        switches.HOOK: lambda: status["children"][switches.HOOK] == "bogus",  # apply() exports nothing
+    }
+    assert shows_the_default[name]()

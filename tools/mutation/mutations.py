@@ -124,6 +124,13 @@ MUTATIONS = [
     mutation("unwritable-site-traceback", "install-hook into a directory it cannot write ends in a traceback",
              f"{PKG}/cli.py", "        except OSError as error:  # a site directory", "        except KeyError as error:  # a site directory",
              "tests/verify/test_cli.py::test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothing"),
+    mutation("variables-case-sensitive", "a variable's words match only in lower case",
+             f"{PKG}/switches.py", "        value = (raw or \"\").strip().lower()\n", "        value = (raw or \"\").strip()\n",
+             "tests/lifecycle/test_settings.py::test_every_variable_reads_every_spelling_the_same_way"),
+    mutation("strict-overrides-the-kill-switch", "switched off with strict on, an unknown value still raises",
+             f"{PKG}/lifecycle.py", "            if settings.strict and not settings.disabled:  # switched off",
+             "            if settings.strict:  # switched off",
+             "tests/lifecycle/test_settings.py::test_an_unknown_value_with_strict_and_the_kill_switch"),
     # --- behaviours that already had a catching test ---------------------------------------------------------
     mutation("fake-contiguous-strides", "the fake returns contiguous outputs for column-major input",
              f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",
@@ -169,7 +176,8 @@ MUTATIONS = [
              f"{PKG}/lifecycle.py", "        if settings.disabled:\n", "        if False:\n",
              f"{ROUTES}::test_the_kill_switch_stops_the_plugin_and_every_route_and_status_says_so"),
     mutation("strict-ignores-unknown-values", "FP4_DYNAMO_SHIM_STRICT=1 only warns about an unknown value",
-             f"{PKG}/lifecycle.py", "            if settings.strict:\n                _refuse(problem, settings)\n", "",
+             f"{PKG}/lifecycle.py", "            if settings.strict and not settings.disabled:  # switched off, the shim raises nothing\n"
+             "                _refuse(problem, settings)\n", "",
              f"{ROUTES}::test_strict_turns_an_unknown_value_into_an_apply_error"),
     mutation("unknown-values-silent", "an unknown value of a variable is used without a word",
              f"{PKG}/lifecycle.py", "            switches.warn(problem)\n", "",
