@@ -6,16 +6,14 @@ tensors take the direct path through it.
 
 from __future__ import annotations
 
+import inspect
+import itertools
+
 import flashinfer
 import pytest
 import torch
 
-
-def row_of(values, width=16, dtype=torch.bfloat16):
-    x = torch.zeros(1, width, dtype=torch.float32)
-    for index, value in values.items():
-        x[0, index] = value
-    return x.to(dtype)
+from nvfp4_inputs import nvfp4_input
 
 
 def test_the_direct_path_never_hands_an_empty_input_to_the_kernel(direct_entry):
@@ -35,3 +33,32 @@ def test_the_direct_path_pads_scale_columns_to_a_multiple_of_four(direct_entry, 
     assert direct_entry and direct_entry[-1][2] == (128, -(-columns // 64) * 4)
     for got, want in zip(direct, general):
         assert got.shape == want.shape and torch.equal(got, want)
+
+
+RECIPES = [(16, False), (32, True)]  # NVFP4, MXFP4
+DIRECT = dict(sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True, is_sf_8x4_layout=False)
+
+
+@pytest.mark.parametrize("rows, columns", [(1, 64), (130, 96), (128, 2048)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_layout_flag_combination_gives_the_general_paths_bytes(direct_entry, rows, columns, dtype):
+    """Every flag combination the replacement can be called with: the direct path takes exactly the common one
+    (NVFP4, swizzled 128x4; inversed scale and PDL either way) and gives what the general path gives; every
+    other combination leaves it for the general path. Limits of the stand-in entry: the reference's bytes
+    and layouts, not the kernel's."""
+    if "nvfp4_4over6" not in inspect.signature(flashinfer.fp4_quantize).parameters:
+        pytest.skip("the general path is told apart by nvfp4_4over6's sentinel (FlashInfer 0.7.1+)")
+    x, scale = nvfp4_input(rows, columns, dtype=dtype, seed=rows + columns)
+    for (sf_vec_size, ue8m0), swizzled, is_8x4, inversed, enable_pdl in itertools.product(
+            RECIPES, (True, False), (False, True), (False, True), (None, False, True)):
+        flags = dict(sf_vec_size=sf_vec_size, sf_use_ue8m0=ue8m0, is_sf_swizzled_layout=swizzled,
+                     is_sf_8x4_layout=is_8x4, is_global_scale_inversed=inversed, enable_pdl=enable_pdl)
+        calls = len(direct_entry)
+        general = flashinfer.fp4_quantize(x, scale, **flags)  # the 4over6 sentinel: always the general path
+        assert len(direct_entry) == calls, flags
+        direct = flashinfer.fp4_quantize(x, scale, nvfp4_4over6=None, **flags)
+        took_direct = len(direct_entry) > calls
+        assert took_direct == all(flags[name] == value for name, value in DIRECT.items()), flags
+        for got, want in zip(direct, general):
+            assert (got.shape, got.stride(), got.dtype) == (want.shape, want.stride(), want.dtype), flags
+            assert torch.equal(got, want), flags

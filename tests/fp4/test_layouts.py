@@ -3,16 +3,13 @@ tiles, the family's fakes and mm_fp4's reading of 8x4 activation scales."""
 
 from __future__ import annotations
 
+import itertools
+
 import flashinfer
 import pytest
 import torch
 
-
-def row_of(values, width=16, dtype=torch.bfloat16):
-    x = torch.zeros(1, width, dtype=torch.float32)
-    for index, value in values.items():
-        x[0, index] = value
-    return x.to(dtype)
+from nvfp4_inputs import LAYOUTS, nvfp4_input
 
 
 @pytest.mark.skipif(not hasattr(torch.ops, "flashinfer") or not hasattr(torch.ops.flashinfer, "fp4_quantize"),
@@ -61,3 +58,48 @@ def test_block_scale_interleave_of_no_experts_is_empty_like_its_fake():
     assert out.shape == (0,) and out.dtype == torch.uint8
     torch.library.opcheck(torch.ops.fp4_dynamo_shim.block_scale_interleave.default, (grids,),
                           test_utils=("test_faketensor",))
+
+
+RECIPES = [(16, False), (32, True)]  # NVFP4, MXFP4
+SHAPES = [(1, 64), (130, 96), (128, 2048)]
+
+
+def _meta(outputs):
+    return [(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in outputs]
+
+
+def _every_call():
+    for (rows, columns), layout, (sf_vec_size, ue8m0), swizzled, is_8x4 in itertools.product(
+            SHAPES, LAYOUTS, RECIPES, (True, False), (False, True)):
+        if layout.endswith("column-major") and rows % sf_vec_size:  # column-major input quantizes along M
+            continue
+        yield (rows, columns, layout), (sf_vec_size, ue8m0, swizzled, is_8x4)
+
+
+@pytest.mark.parametrize("op_name", ["fp4_dynamo_shim", "flashinfer"])
+def test_each_ops_fake_gives_the_real_outputs_shapes_strides_and_dtypes_for_every_layout(op_name):
+    """Both ops the shim registers a fake for (its own, and FlashInfer's repaired one): under FakeTensorMode and
+    on meta tensors, every layout flag, recipe, input layout and an unaligned shape give what the op returns
+    for real (the reference on CPU: on the GPU the kernel writes the same buffers, tests/gpu/test_gpu_core.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    namespace = getattr(torch.ops, op_name, None)
+    if namespace is None or not hasattr(namespace, "fp4_quantize"):
+        pytest.skip(f"this FlashInfer registers no torch.ops.{op_name}.fp4_quantize")
+    op = namespace.fp4_quantize
+    extra = (0,) if op_name == "fp4_dynamo_shim" else ()  # the shim's op also takes the 4over6 code
+    inversed = (False,) if op_name == "fp4_dynamo_shim" else ()
+    checked = 0
+    for (rows, columns, layout), (sf_vec_size, ue8m0, swizzled, is_8x4) in _every_call():
+        x, scale = nvfp4_input(rows, columns, layout=layout, seed=rows)
+        arguments = (sf_vec_size, ue8m0, swizzled, is_8x4, *inversed, None, *extra)
+        real = op(x, scale, *arguments)
+        with FakeTensorMode() as mode:
+            fake = op(mode.from_tensor(x), mode.from_tensor(scale), *arguments)
+        meta = op(x.to("meta"), scale.to("meta"), *arguments)
+        want = [(shape, stride, dtype, "cpu") for shape, stride, dtype, _ in _meta(real)]
+        assert [(s, st, d, "cpu") for s, st, d, _ in _meta(fake)] == want, (rows, columns, layout, arguments)
+        assert [(s, st, d, "cpu") for s, st, d, _ in _meta(meta)] == want, (rows, columns, layout, arguments)
+        assert {t.dtype for t in real} == {torch.uint8}
+        checked += 1
+    assert checked == 64  # 96 combinations less the column-major ones whose M is no multiple of the block

@@ -131,6 +131,13 @@ MUTATIONS = [
              f"{PKG}/lifecycle.py", "            if settings.strict and not settings.disabled:  # switched off",
              "            if settings.strict:  # switched off",
              "tests/lifecycle/test_settings.py::test_an_unknown_value_with_strict_and_the_kill_switch"),
+    mutation("fake-ignores-8x4", "the shim's op's fake allocates 128x4 scale tiles when 8x4 was asked for",
+             f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",
+             "    return quantize(*arguments[:5], False, *arguments[6:], launch=None)\n",
+             "tests/fp4/test_layouts.py::test_each_ops_fake_gives_the_real_outputs_shapes_strides_and_dtypes_for_every_layout"),
+    mutation("direct-path-takes-8x4", "the direct path also takes 8x4 scale tiles (and allocates 128x4 ones)",
+             f"{PKG}/fp4/replacement.py", "not is_sf_swizzled_layout or is_sf_8x4_layout\\n", "not is_sf_swizzled_layout\\n",
+             "tests/fp4/test_direct_path.py::test_every_layout_flag_combination_gives_the_general_paths_bytes"),
     # --- behaviours that already had a catching test ---------------------------------------------------------
     mutation("fake-contiguous-strides", "the fake returns contiguous outputs for column-major input",
              f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",
