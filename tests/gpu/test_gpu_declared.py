@@ -32,10 +32,12 @@ def every_op():
 
 def _save(layer):
     """With $OUT set, declared_report.py's per-module table from the rows measured so far (rewritten after each
-    test, so a run cut short by its time limit still reports what it measured)."""
+    test, so a run cut short by its time limit still reports what it measured). Under pytest-xdist each worker
+    measures its share of the functions and writes its own file (one shared name kept only the last writer's)."""
     if os.environ.get("OUT"):
         document = declared_report.document(layer, _rows, time.perf_counter() - _started)
-        Path(os.environ["OUT"], f"declared_report_{document['flashinfer']}.json").write_text(
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        Path(os.environ["OUT"], f"declared_report_{document['flashinfer']}{'_' + worker if worker else ''}.json").write_text(
             json.dumps(document, indent=1) + "\n")
 
 
