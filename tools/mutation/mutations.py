@@ -146,6 +146,9 @@ MUTATIONS = [
              f"{PKG}/sglang/releases.py", "has no set_compiled: verify's sglang-compile check does not drive it\"",
              "has no set_compiled\"",
              "tests/sglang/test_user_lines.py::test_each_sglang_versions_words_are_the_reviewed_ones"),
+    mutation("declared-schema-drops-a-write", "a declared op's schema leaves out the first argument it writes",
+             f"{PKG}/declared/codegen.py", "mutates_args=tuple(mutates))", "mutates_args=tuple(mutates)[1:])",
+             "tests/declared/test_declared_schemas.py::test_compiled_code_keeps_every_write_the_schema_declares"),
     # --- behaviours that already had a catching test ---------------------------------------------------------
     mutation("fake-contiguous-strides", "the fake returns contiguous outputs for column-major input",
              f"{PKG}/fp4/quantize_op.py", "    return quantize(*arguments, launch=None)\n",
