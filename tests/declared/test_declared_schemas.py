@@ -68,14 +68,15 @@ def stand_in_kernels():
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
         patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))  # no GPU to ask: what test_declared.py stands in too
-        patch.setattr(torch._inductor.config, "fallback_random", True)  # inductor draws as eager does
         library = torch.library.Library(declared_ops.NAMESPACE, "IMPL")
         calls = collections.Counter()
         namespace = getattr(torch.ops, declared_ops.NAMESPACE)
         for qualified in status["flashinfer_ops"]["registered"].values():
             name = qualified.split("::")[1]
             library.impl(name, _stand_in(getattr(namespace, name).default, name, calls), "CPU")
-        yield calls
+        # Inductor draws random numbers as eager does (config.patch: monkeypatch would delete the config entry).
+        with torch._inductor.config.patch(fallback_random=True):
+            yield calls
         library._destroy()
     fp4_dynamo_shim.revert()
     assert fp4_dynamo_shim.apply()
