@@ -135,3 +135,76 @@ def test_each_nvcc_failure_is_a_warning_in_status_and_an_apply_error_under_stric
     with pytest.raises(ApplyError, match=re.escape(NVCC_PROBLEMS[failing_nvcc])):
         applied_with(CUDA_VERSION="nvcc", STRICT="1")
     assert (flashinfer.fp4_quantize, cpp_ext.get_cuda_version, cpp_ext.is_cuda_version_at_least) == before
+
+
+# --- where nvcc is looked for, how versions compare, and what a mismatch says ---------------------------------------
+
+def _nvcc_in(folder, release="12.4"):
+    folder.mkdir(parents=True, exist_ok=True)
+    nvcc = folder / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {release}, V{release}.1'\n")
+    nvcc.chmod(0o755)
+    return str(nvcc)
+
+
+def test_nvcc_is_looked_for_where_flashinfer_looks(tmp_path, monkeypatch):
+    """$CUDA_HOME alone when set (even without nvcc there), else $CUDA_PATH, else PATH, else /usr/local/cuda."""
+    on_path = _nvcc_in(tmp_path / "path")
+    monkeypatch.setenv("PATH", str(tmp_path / "path"))
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert cuda_version.find_nvcc() == on_path
+    in_cuda_path = _nvcc_in(tmp_path / "cuda_path" / "bin")
+    monkeypatch.setenv("CUDA_PATH", str(tmp_path / "cuda_path"))
+    assert cuda_version.find_nvcc() == in_cuda_path
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "empty"))
+    assert cuda_version.find_nvcc() is None  # set, and nothing there: FlashInfer does not look further either
+    monkeypatch.delenv("CUDA_HOME")
+    monkeypatch.delenv("CUDA_PATH")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    checked = []
+    monkeypatch.setattr(cuda_version.os.path, "exists", lambda path: checked.append(path) or True)
+    assert cuda_version.find_nvcc() == "/usr/local/cuda/bin/nvcc" and checked[-1] == "/usr/local/cuda/bin/nvcc"
+    monkeypatch.setattr(cuda_version.os.path, "exists", lambda path: False)
+    assert cuda_version.find_nvcc() is None
+
+
+@pytest.mark.parametrize("resolved, asked, answer", [
+    ("13", "13", True), ("13", "13.0", True), ("13", "13.0.0", True), ("13", "13.1", False), ("13", "13.0.1", False),
+    ("12.8", "12.8.0", True), ("12.8", "12.8.1", False), ("12.8", "12.9", False), ("12.8", "12", True),
+])
+def test_version_comparisons_pad_missing_parts_with_zeros_as_packaging_does(resolved, asked, answer):
+    from packaging.version import Version as V
+
+    _, at_least = cuda_version.make_replacements(cuda_version.resolve(resolved), None)
+    assert at_least(asked) is answer is (V(resolved) >= V(asked))
+
+
+def test_with_no_version_known_at_least_compares_flashinfers_own_answer_including_equality():
+    unknown = cuda_version.CudaVersion(None, "none", None, None)
+    _, at_least = cuda_version.make_replacements(unknown, lambda: Version("12.8"))
+    assert at_least("12.8") and at_least("12.4") and not at_least("12.9")
+
+
+def test_a_mismatch_between_nvcc_and_torch_is_one_warning_naming_both_and_the_choice(nvcc_12_4, torch_built_for,
+                                                                                     caplog):
+    torch_built_for("12.8")
+    with caplog.at_level("WARNING", logger="fp4_dynamo_shim"):
+        cuda_version.resolve("torch")
+    assert [record.getMessage() for record in caplog.records] == [
+        f"nvcc at {nvcc_12_4} is CUDA 12.4 but torch was built for CUDA 12.8; FlashInfer's JIT will be told 12.8 "
+        "(torch). Set FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc|torch|X.Y to choose."]
+    caplog.clear()
+    torch_built_for("12.4.1")  # same major.minor: no mismatch
+    with caplog.at_level("WARNING", logger="fp4_dynamo_shim"):
+        cuda_version.resolve("torch")
+    assert caplog.records == []
+
+
+def test_neither_torch_nor_nvcc_is_source_none_and_says_what_nvcc_lacked(tmp_path, monkeypatch, torch_built_for):
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    torch_built_for(None)
+    resolved = cuda_version.resolve("nvcc")
+    assert (resolved.version, resolved.source) == (None, "none")
+    assert resolved.problem == ("FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc, but no nvcc was found ($CUDA_HOME/bin, PATH, "
+                                "/usr/local/cuda/bin); FlashInfer's JIT is told nothing new (its own lookup is kept)")

@@ -3,6 +3,12 @@ rules (an on/off variable stands for them all here)."""
 
 from __future__ import annotations
 
+import json
+import logging
+import runpy
+import sys
+from pathlib import Path
+
 import pytest
 
 import fp4_dynamo_shim
@@ -88,3 +94,39 @@ def test_an_unknown_value_with_strict_and_the_kill_switch(name, strict, disabled
         switches.HOOK: lambda: status["children"][switches.HOOK] == "bogus",  # apply() exports nothing
     }
     assert shows_the_default[name]()
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "golden"))
+import user_lines  # noqa: E402
+
+
+def test_the_variables_table_built_afresh_gives_the_reviewed_words():
+    """The table is built once, when switches is imported. Running the module's source again builds it now, through
+    its builders (which is how a generated mutant of a builder shows at all), and it must give the words users
+    read: tests/data/user_lines.json, reviewed."""
+    fresh = runpy.run_path(switches.__file__)["VARIABLES"]
+    reviewed = json.loads(user_lines.FILE.read_text())["variables"]
+    assert user_lines.variable_lines(fresh) == reviewed
+    assert user_lines.variable_lines(switches.VARIABLES) == reviewed
+
+
+def test_say_logs_to_the_projects_logger_when_logging_is_set_up_and_else_names_the_project_on_stderr(
+        caplog, capsys, monkeypatch):
+    with caplog.at_level(logging.INFO, logger="fp4_dynamo_shim"):
+        switches.say("one", "info")
+        switches.say("fp4_dynamo_shim: two")
+    assert [(r.name, r.levelname, r.getMessage()) for r in caplog.records][-2:] == [
+        ("fp4_dynamo_shim", "INFO", "one"), ("fp4_dynamo_shim", "WARNING", "fp4_dynamo_shim: two")]
+    monkeypatch.setattr(logging.Logger, "hasHandlers", lambda self: False)  # start-up: nothing set up yet
+    capsys.readouterr()
+    switches.say("three")
+    switches.say("fp4_dynamo_shim: four")
+    assert capsys.readouterr().err == "fp4_dynamo_shim: three\nfp4_dynamo_shim: four\n"
+
+
+def test_warn_says_each_message_once_and_returns_whether_it_did(monkeypatch):
+    said = []
+    monkeypatch.setattr(switches, "warned", set())
+    monkeypatch.setattr(switches, "say", lambda message, level="warning": said.append((message, level)))
+    assert switches.warn("a") is True and switches.warn("a") is False and switches.warn("b") is True
+    assert said == [("a", "warning"), ("b", "warning")]

@@ -2,7 +2,8 @@
 
 For every SGLang release the table knows (each version with pins, plus one before the first and one after the
 last), what ``status()["sglang"]`` and verify say: the need line, the derived flags and verify's worker-check line
-for a plain launch whose worker runs without the shim. For every FlashInfer row, ``status()["target"]``.
+for a plain launch whose worker runs without the shim. For every FlashInfer row, ``status()["target"]``. For every
+environment variable, its words, its default and what a value it does not understand is told.
 ``tests/sglang/test_user_lines.py`` compares the file with what the code says now, both ways: a change to a
 row or to the logic that words it shows up as a diff of this file, to be read and committed on purpose.
 
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FILE = ROOT / "tests" / "data" / "user_lines.json"
 sys.path.insert(0, str(ROOT / "src"))
 
+from _fp4_dynamo_shim import switches  # noqa: E402
 from _fp4_dynamo_shim.fp4 import releases as fp4_releases  # noqa: E402
 from _fp4_dynamo_shim.sglang import releases as sglang_releases  # noqa: E402
 from _fp4_dynamo_shim.verify import workers  # noqa: E402
@@ -44,6 +46,15 @@ def sglang_lines(version: str) -> dict:
     }
 
 
+def variable_lines(variables) -> dict:
+    """Per variable of a ``switches.VARIABLES`` table: what a user can write and what a wrong value is told."""
+    return {name: {"setting": variable.setting, "default": variable.default, "words": sorted(variable.words),
+                   "means": [variable.words[word] for word in sorted(variable.words)], "pattern": variable.pattern,
+                   "not_understood": variable.parse("bogus")[1], "blank": list(variable.parse("  ")),
+                   "shouted": list(variable.parse(f" {sorted(variable.words)[0].upper()} "))}
+            for name, variable in variables.items()}
+
+
 def versions() -> list:
     return ["0.5.2", *sglang_releases.PINS, "0.5.24"]
 
@@ -52,6 +63,7 @@ def current() -> dict:
     return {
         "sglang": {version: sglang_lines(version) for version in versions()},
         "flashinfer": {str(target.versions): fp4_releases.describe(target) for target in fp4_releases.TARGETS},
+        "variables": variable_lines(switches.VARIABLES),
     }
 
 

@@ -93,6 +93,17 @@ GROUPS = (  # cheapest first
         "tests/fp4/test_op.py::test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it",
         "tests/fp4/test_op.py::test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row",
         "tests/fp4/test_flashinfer_op.py::test_the_release_table_says_what_flashinfers_op_body_does")),
+    Group("settings and leaves", {
+        "settings": ["_fp4_dynamo_shim.settings.*"],
+        "versions": ["_fp4_dynamo_shim.versions.*"],
+        "cuda_version": ["_fp4_dynamo_shim.cuda_version.*"],
+        "rebind": ["_fp4_dynamo_shim.rebind.*"],
+        "devices": ["_fp4_dynamo_shim.fp4.devices.*"],
+    }, ("tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py", "tests/lifecycle/test_cuda_version.py",
+        "tests/lifecycle/test_devices.py", "tests/lifecycle/test_rebind.py",
+        "tests/lifecycle/test_lifecycle.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_parity.py",
+        "tests/fp4/test_compile.py::test_module_that_imported_fp4_quantize_before_the_shim_is_rebound_and_compiles",
+        *_SUBPROCESS_TESTS)),
     Group("checks", {
         "checks": ["_fp4_dynamo_shim.verify.checks.*"],
     }, ("tests/verify/test_checks.py", "tests/verify/test_checks.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
@@ -357,7 +368,7 @@ def main() -> int:
     print(f"({time.perf_counter() - started:.0f} s)")
     for problem in problems:
         print("PROBLEM", problem)
-    if options.save and not partial:
+    if options.save and not partial and seconds:  # only groups that produced results are merged
         save(outcome, diffs, seconds, groups, listed, options.max_children)
     return 1 if problems else 0
 
