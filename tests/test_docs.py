@@ -72,3 +72,25 @@ def test_a_hand_written_sitecustomize_that_calls_the_hook_is_listed_in_routes(tm
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == [str(tmp_path / "sitecustomize.py"), "sitecustomize"]
     assert fp4_dynamo_shim.status()["routes"]["sitecustomize"] is None  # this process has no such file
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but hyphens dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_docs_reaches_a_file_and_a_heading_that_exist():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    anchors = {page.resolve(): {_slug(line.lstrip("#")) for line in page.read_text().splitlines()
+                                if line.startswith("#")} for page in pages}
+    broken = []
+    for page in pages:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*\.md)?(?:#([^)\s]+))?\)", page.read_text()):
+            if not target and not anchor:
+                continue
+            linked = (page.parent / target).resolve() if target else page.resolve()
+            if not linked.exists():
+                broken.append(f"{page.name}: {target}")
+            elif anchor and anchor not in anchors.get(linked, set()):
+                broken.append(f"{page.name}: {target}#{anchor}")
+    assert broken == []
