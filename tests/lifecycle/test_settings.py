@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import runpy
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,6 +13,7 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.settings import Settings
 from fp4_dynamo_shim.errors import ApplyError
+import user_lines
 
 
 SWITCH = switches.STRICT
@@ -94,10 +93,6 @@ def test_an_unknown_value_with_strict_and_the_kill_switch(name, strict, disabled
         switches.HOOK: lambda: status["children"][switches.HOOK] == "bogus",  # apply() exports nothing
     }
     assert shows_the_default[name]()
-
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools" / "golden"))
-import user_lines  # noqa: E402
 
 
 def test_the_variables_table_built_afresh_gives_the_reviewed_words():

@@ -6,13 +6,9 @@ regenerated, and its diff is what a reviewer reads."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools" / "golden"))
 import user_lines  # noqa: E402
 
 from _fp4_dynamo_shim.fp4 import releases as fp4_releases  # noqa: E402

@@ -1,77 +1,15 @@
-"""Write tests/data/user_lines.json: the words a user reads for each row of the shim's release tables.
+"""Rewrite tests/data/user_lines.json, the words users read per release row and per variable, for review:
 
-For every SGLang release the table knows (each version with pins, plus one before the first and one after the
-last), what ``status()["sglang"]`` and verify say: the need line, the derived flags and verify's worker-check line
-for a plain launch whose worker runs without the shim. For every FlashInfer row, ``status()["target"]``. For every
-environment variable, its words, its default and what a value it does not understand is told.
-``tests/sglang/test_user_lines.py`` compares the file with what the code says now, both ways: a change to a
-row or to the logic that words it shows up as a diff of this file, to be read and committed on purpose.
+    python tools/golden/user_lines.py            # then read `git diff tests/data/user_lines.json` and commit it
 
-    python tools/golden/user_lines.py            # rewrite the file; review `git diff tests/data/user_lines.json`
+What goes into the file is tests/support/user_lines.py's, which the tests compare with the code.
 """
 
-from __future__ import annotations
-
-import json
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-FILE = ROOT / "tests" / "data" / "user_lines.json"
-sys.path.insert(0, str(ROOT / "src"))
-
-from _fp4_dynamo_shim import switches  # noqa: E402
-from _fp4_dynamo_shim.fp4 import releases as fp4_releases  # noqa: E402
-from _fp4_dynamo_shim.sglang import releases as sglang_releases  # noqa: E402
-from _fp4_dynamo_shim.verify import workers  # noqa: E402
-
-#: A plain launch's worker without the shim, and one started with FP4_DYNAMO_SHIM=1 that has it.
-_PLAIN = {"active": False}
-_WITH_VARIABLE = {"active": True, "activated_by": "pth"}
-
-
-def sglang_lines(version: str) -> dict:
-    release = sglang_releases.release_for(version)
-    passed, line = workers.worker_verdict(_PLAIN, _WITH_VARIABLE, [], version)
-    return {
-        "need": sglang_releases.need(version, release),
-        "needs_shim": sglang_releases.needs_shim(release),
-        "needed_by_default": sglang_releases.needed_by_default(release) if release else None,
-        "piecewise_cuda_graph": sglang_releases.describe_prefill_graph(release) if release else None,
-        "wraps_fp4_quantize": release.fp4_quantize_binding == "sglang-op" if release else None,
-        "compile_path_check": release.compile_path_check if release else None,
-        "loads_plugins": release.loads_plugins if release else None,
-        "note": (release.note or None) if release else None,
-        "verify_worker_check": {"passed": passed, "line": line},
-    }
-
-
-def variable_lines(variables) -> dict:
-    """Per variable of a ``switches.VARIABLES`` table: what a user can write and what a wrong value is told."""
-    return {name: {"setting": variable.setting, "default": variable.default, "words": sorted(variable.words),
-                   "means": [variable.words[word] for word in sorted(variable.words)], "pattern": variable.pattern,
-                   "not_understood": variable.parse("bogus")[1], "blank": list(variable.parse("  ")),
-                   "shouted": list(variable.parse(f" {sorted(variable.words)[0].upper()} "))}
-            for name, variable in variables.items()}
-
-
-def versions() -> list:
-    return ["0.5.2", *sglang_releases.PINS, "0.5.24"]
-
-
-def current() -> dict:
-    return {
-        "sglang": {version: sglang_lines(version) for version in versions()},
-        "flashinfer": {str(target.versions): fp4_releases.describe(target) for target in fp4_releases.TARGETS},
-        "variables": variable_lines(switches.VARIABLES),
-    }
-
-
-def main() -> int:
-    FILE.write_text(json.dumps(current(), indent=1, sort_keys=False) + "\n")
-    print(f"wrote {FILE.relative_to(ROOT)}; review the diff before committing it")
-    return 0
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "support"))
+import user_lines  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(user_lines.main())
