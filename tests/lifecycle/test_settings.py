@@ -99,7 +99,7 @@ def test_the_variables_table_built_afresh_gives_the_reviewed_words():
     """The table is built once, when switches is imported. Running the module's source again builds it now, through
     its builders (which is how a generated mutant of a builder shows at all), and it must give the words users
     read: tests/data/user_lines.json, reviewed."""
-    fresh = runpy.run_path(switches.__file__)["VARIABLES"]
+    fresh = runpy.run_path(switches.__file__, run_name=switches.__name__)["VARIABLES"]
     reviewed = json.loads(user_lines.FILE.read_text())["variables"]
     assert user_lines.variable_lines(fresh) == reviewed
     assert user_lines.variable_lines(switches.VARIABLES) == reviewed
