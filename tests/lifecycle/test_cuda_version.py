@@ -95,9 +95,11 @@ NVCC_FAULTS = {
     "non-zero exit": "#!/bin/sh\necho 'nvcc fatal : something broke' >&2\nexit 3\n",
     "hang": "#!/bin/sh\nexec sleep 30\n",
     "unparsable output": "#!/bin/sh\necho 'Cuda compilation tools, version twelve'\n",
+    "not executable": "#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n",
 }
 NVCC_PROBLEMS = {"missing": "no nvcc was found", "non-zero exit": "exited with status 3",
-                 "hang": "did not finish in 1 s", "unparsable output": "printed no 'release X.Y,'"}
+                 "hang": "did not finish in 1 s", "unparsable output": "printed no 'release X.Y,'",
+                 "not executable": "could not run (PermissionError: "}
 
 
 @pytest.fixture(params=NVCC_FAULTS)
@@ -109,7 +111,7 @@ def failing_nvcc(request, tmp_path, monkeypatch):
     if script is not None:
         nvcc = tmp_path / "bin" / "nvcc"
         nvcc.write_text(script)
-        nvcc.chmod(0o755)
+        nvcc.chmod(0o644 if request.param == "not executable" else 0o755)  # no x bit stops even root
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))
     monkeypatch.setattr(cuda_version, "NVCC_TIMEOUT_S", 1)
     return request.param
@@ -208,3 +210,23 @@ def test_neither_torch_nor_nvcc_is_source_none_and_says_what_nvcc_lacked(tmp_pat
     assert (resolved.version, resolved.source) == (None, "none")
     assert resolved.problem == ("FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc, but no nvcc was found ($CUDA_HOME/bin, PATH, "
                                 "/usr/local/cuda/bin); FlashInfer's JIT is told nothing new (its own lookup is kept)")
+
+
+def test_with_no_version_known_flashinfers_lookup_fails_after_apply_as_it_does_without_the_shim(tmp_path,
+                                                                                             applied_with,
+                                                                                             monkeypatch):
+    """No CUDA torch and no nvcc: the replacements defer to FlashInfer's own lookup, which must fail the way it
+    fails without the shim (not with an error of the shim's making)."""
+    from flashinfer.jit import cpp_ext
+
+    if torch.version.cuda is not None:
+        pytest.skip("this torch knows its CUDA version")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # FlashInfer looks only there when it is set
+    status = applied_with(CUDA_VERSION=None)
+    assert status["applied"] and status["cuda_version"]["source"] == "none"
+    with pytest.raises(Exception) as shimmed:
+        cpp_ext.get_cuda_version()
+    fp4_dynamo_shim.revert()
+    with pytest.raises(Exception) as own:
+        cpp_ext.get_cuda_version()
+    assert type(shimmed.value) is type(own.value) and str(shimmed.value) == str(own.value)
