@@ -14,19 +14,13 @@ import pytest
 import torch
 
 import fp4_oracle
+from nvfp4_inputs import row_of
 from _fp4_dynamo_shim.fp4 import reference
 from _fp4_dynamo_shim.fp4 import releases as targets
 from _fp4_dynamo_shim.fp4.arithmetic import FourOverSix, Recipe
 
 
 ROW_0_6_12 = targets.target_for("0.6.12").arithmetic
-
-
-def row_of(values, width=16, dtype=torch.bfloat16):
-    x = torch.zeros(1, width, dtype=torch.float32)
-    for index, value in values.items():
-        x[0, index] = value
-    return x.to(dtype)
 
 
 def test_fast_math_off_caps_a_nan_output_scale_at_flt_max():

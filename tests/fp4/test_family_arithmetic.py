@@ -8,13 +8,7 @@ import pytest
 import torch
 
 import fp4_oracle
-
-
-def row_of(values, width=16, dtype=torch.bfloat16):
-    x = torch.zeros(1, width, dtype=torch.float32)
-    for index, value in values.items():
-        x[0, index] = value
-    return x.to(dtype)
+from nvfp4_inputs import row_of
 
 
 def test_batched_quantize_takes_one_global_scale_per_row_not_per_batch():

@@ -34,3 +34,11 @@ def nvfp4_input(rows: int = 64, columns: int = 256, *, dtype: torch.dtype = torc
     else:
         raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     return x, global_scale_for(x)
+
+
+def row_of(values: dict, width: int = 16, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """One row of zeros with ``values`` ({column: value}) set: a block whose every element a test chose."""
+    x = torch.zeros(1, width, dtype=torch.float32)
+    for index, value in values.items():
+        x[0, index] = value
+    return x.to(dtype)

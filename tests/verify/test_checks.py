@@ -143,12 +143,7 @@ def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monk
         checks.check_flashinfer_op("cpu")
     monkeypatch.undo()
 
-    def flipped(input, *arguments):  # the op's CPU kernel (what the compiled region runs) flips one bit
-        ops.launch_reference(input, *arguments)
-        arguments[1].view(-1)[0] ^= 1
-
-    monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
-    torch._dynamo.reset()
+    _flip_one_output_bit(monkeypatch)
     with pytest.raises(AssertionError, match="row-major: the compiled op's values differ from flashinfer.fp4_quantize's"):
         checks.check_flashinfer_op("cpu")
 
@@ -240,16 +235,20 @@ def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
 
 
 def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypatch):
-    # Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit; eager calls keep the
-    # launcher the replacement bound when it was built.
+    # Eager calls keep the launcher the replacement bound when it was built: only the compiled region flips.
+    _flip_one_output_bit(monkeypatch)
+    with pytest.raises(AssertionError, match="compiled output differs from eager"):
+        checks.check_compiled_matches_eager("cpu")
+    monkeypatch.undo()
+    torch._dynamo.reset()
+    assert "equals eager bitwise" in checks.check_compiled_matches_eager("cpu")
+
+
+def _flip_one_output_bit(monkeypatch):
+    """Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit of its scale factors."""
     def flipped(input, *arguments):
         ops.launch_reference(input, *arguments)
         arguments[1].view(-1)[0] ^= 1
 
     monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
     torch._dynamo.reset()
-    with pytest.raises(AssertionError, match="compiled output differs from eager"):
-        checks.check_compiled_matches_eager("cpu")
-    monkeypatch.undo()
-    torch._dynamo.reset()
-    assert "equals eager bitwise" in checks.check_compiled_matches_eager("cpu")
