@@ -182,11 +182,24 @@ def exclude_modules(architecture: str) -> list:
             + (["model.layers.*.self_attn*"] if architecture == "deepseek_v3" else []))
 
 
-def write_checkpoint(architecture: str, directory: Path, seed: int = 0) -> Path:
-    """Write ``config.json``, the quantization config and ``model.safetensors`` for one architecture."""
+def bf16_tensors(architecture: str, seed: int = 0) -> dict:
+    """The same model unquantized: what the NVFP4 checkpoint's linears were quantized from."""
+    plain, groups = bf16_model(architecture, seed)
+    return {**plain, **{f"{prefix}.{name}.weight": weight for prefix, weights in groups
+                        for name, weight in weights.items()}}
+
+
+def write_checkpoint(architecture: str, directory: Path, seed: int = 0, bf16: bool = False) -> Path:
+    """Write ``config.json``, the quantization config and ``model.safetensors`` for one architecture
+    (``bf16``: the unquantized model, no quantization config)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**COMMON, **ARCHITECTURES[architecture]}
+    if bf16:
+        (directory / "config.json").write_text(json.dumps(config, indent=2))
+        tensors = {name: tensor.contiguous() for name, tensor in bf16_tensors(architecture, seed).items()}
+        save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        return directory
     if FLAT_CONFIG[architecture]:
         config["quantization_config"] = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
                                          "ignore": exclude_modules(architecture)}

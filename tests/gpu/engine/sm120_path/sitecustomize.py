@@ -21,7 +21,8 @@ Stand-ins for kernels that cannot run on SM90, and only those:
 
 * ``sglang.srt.layers.moe.cutlass_moe.cutlass_moe_fp4`` (the MoE SGLang runs on SM12x: its JIT FP4
   grouped GEMM raises below capability 10.0) -> a reference computing each expert with its dequantized
-  FP4 weights in float32 (activations are not FP4-quantized inside the stand-in). No FlashInfer call.
+  FP4 weights in float32 (activations are not FP4-quantized inside the stand-in). No FlashInfer call. An
+  expert id outside the experts (SGLang's mark for padding rows) routes nowhere, as in the real kernel.
 * only when the shim is switched off (``FP4_DYNAMO_SHIM_DISABLE=1``): ``modelopt_quant.flashinfer_fp4_gemm``
   (FlashInfer's ``mm_fp4``, which has no SM90 backend) -> a reference, so that the engine gets as far as
   piecewise capture, where Dynamo meets FlashInfer's ``fp4_quantize``. With the shim on,
@@ -115,7 +116,14 @@ def reference_cutlass_moe_fp4(a, a1_gscale, w1_fp4, w1_blockscale, w1_alphas, a2
     gate_up, down = weights
     x = a.to(torch.float32)
     routing = torch.zeros(x.shape[0], gate_up.shape[0], device=x.device, dtype=torch.float32)
-    routing.scatter_(1, topk_ids.to(torch.int64), topk_weights.to(torch.float32))
+    ids = topk_ids.to(torch.int64)
+    if os.environ.get("FP4_DYNAMO_SHIM_TEST_MOE_UNMASKED") == "1":  # the stand-in as it was, for comparison
+        routing.scatter_(1, ids, topk_weights.to(torch.float32))
+    else:
+        # An id outside the experts (SGLang marks padding rows -1) routes nowhere, as in the real kernel; a
+        # scatter with it would write outside its row.
+        valid = (ids >= 0) & (ids < gate_up.shape[0])
+        routing.scatter_add_(1, torch.where(valid, ids, 0), torch.where(valid, topk_weights.to(torch.float32), 0.0))
     if apply_router_weight_on_input or no_combine:
         raise NotImplementedError("the stand-in does not apply router weights on the input or skip the combine")
     out = torch.zeros(x.shape[0], down.shape[1], device=x.device, dtype=torch.float32)
