@@ -25,8 +25,8 @@ CUDA_VERSION = "FP4_DYNAMO_SHIM_CUDA_VERSION"
 #: What to do on a GPU without the FP4 kernel (SM < 100): ``error`` (default), ``reference``, or
 #: ``launch`` (launch FlashInfer's empty kernel anyway; outputs are uninitialized: benchmarks only).
 FALLBACK = "FP4_DYNAMO_SHIM_FALLBACK"
-#: Which of FlashInfer's own declared ops become real ops: ``sglang`` (default: what SGLang's traced paths
-#: call raw), ``all``, or ``off``.
+#: Which of FlashInfer's own declared ops become real ops: ``proven`` (default: what SGLang's traced paths call raw and
+#: what a GPU run proved for the installed release), ``sglang`` (only the former), ``all``, or ``off``.
 FLASHINFER_OPS = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
 
 
@@ -74,7 +74,7 @@ VARIABLES = {variable.name: variable for variable in (
     _choice(FALLBACK, "fallback", ("error", "reference", "launch")),
     _choice(CUDA_VERSION, "cuda_version", ("torch", "nvcc"), pattern=r"\d+\.\d+(\.\d+)?",
             accepted="torch, nvcc or a version like 12.8"),
-    _choice(FLASHINFER_OPS, "flashinfer_ops", ("sglang", "all", "off")),
+    _choice(FLASHINFER_OPS, "flashinfer_ops", ("proven", "sglang", "all", "off")),
 )}
 
 

@@ -173,7 +173,7 @@ except Exception:
     unpatched = "failed"
 torch._dynamo.reset()
 import fp4_dynamo_shim
-assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == "sglang"
+assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == "proven"
 backend = TraceOnly()
 out = torch.compile(norm, fullgraph=True, backend=backend)(key)
 assert out.shape == (64, 128) and out.dtype == torch.bfloat16
@@ -272,6 +272,47 @@ def test_the_default_gate_registers_exactly_what_sglang_calls_raw(monkeypatch):
     assert {entry["kind"] for entry in layer["not_registered"].values()} <= {"off under the gate"}
 
 
+def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_release(monkeypatch):
+    """With a record for the installed release: SGLang's set plus exactly the recorded declarations, each
+    function the record names traced to its op; without one (0.7.4 has none): SGLang's set, and the status
+    and every gated-off reason say there is no record. A stand-in record for the installed release shows
+    the first case on any release (the real records' releases run in the matrix and on the GPU)."""
+    from _fp4_dynamo_shim.declared import proven as proven_record
+
+    version = patching.flashinfer_version()
+    sglang_only = _reapply(monkeypatch, "sglang")["registered"]
+    if version not in proven_record.PROVEN:
+        layer = _reapply(monkeypatch, "proven")
+        assert layer["registered"] == sglang_only and layer["proven"] is None
+        assert all(f"no GPU record for FlashInfer {version}" in entry["reason"]
+                   for entry in layer["not_registered"].values() if entry["kind"] == "off under the gate")
+        present = set(_reapply(monkeypatch, "all")["registered"])
+        chosen = {key: name for key, name in (("flashinfer.norm._rmsnorm_impl", "norm.rmsnorm"),
+                                              ("flashinfer.rope._apply_rope", "rope.apply_rope")) if key in present}
+        assert chosen, "the stand-in record needs declarations this release has"
+        record = {"measured": "a stand-in record", "declarations": {
+            key: {"module": key.rsplit(".", 1)[0], "op": None, "functions": [name]} for key, name in chosen.items()}}
+        monkeypatch.setitem(proven_record.PROVEN, version, record)
+    record = proven_record.PROVEN[version]
+    layer = _reapply(monkeypatch, "proven")
+    assert set(layer["registered"]) == set(sglang_only) | set(record["declarations"])
+    assert layer["proven"]["flashinfer"] == version and layer["proven"]["declarations"] == len(record["declarations"])
+    assert all("not proven on a GPU for this release" in entry["reason"]
+               for entry in layer["not_registered"].values() if entry["kind"] == "off under the gate")
+    for name in layer["proven"]["functions"]:
+        example = next((e for e in declared_examples.EXAMPLES if e.name == name), None)
+        if example is not None and example.resolve() is not None:
+            function, args, kwargs = _fake_call(example)
+            torch._dynamo.reset()  # one traced code object for every call: a recompile would make floats dynamic
+            with monkeypatch.context() as patch:
+                patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))
+                try:
+                    assert _trace(function, args, kwargs).ops(), name
+                except Exception as error:
+                    if not any(text in str(error) for text in NO_GPU_TO_ASK):
+                        raise AssertionError(name) from error
+
+
 def test_the_gate_off_registers_nothing(monkeypatch):
     layer = _reapply(monkeypatch, "off")
     assert layer["registered"] == {} and layer["gate"] == "off"
@@ -282,7 +323,7 @@ def test_the_gate_off_registers_nothing(monkeypatch):
 
 def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
     layer = _reapply(monkeypatch, "everything")
-    assert layer["gate"] == "sglang"
+    assert layer["gate"] == declared_ops.DEFAULT == "proven"
     assert any(GATE in warning for warning in fp4_dynamo_shim.status()["warnings"])
     with pytest.raises(ApplyError, match=GATE):
         apply_with(monkeypatch, STRICT="1")
@@ -384,3 +425,37 @@ def get_module(kind: str):
     assert (nested.name, nested.getter, nested.getter_parameters, nested.fake.function) == (
         None, "get_module", "kind: str", "_fake_op")
     assert namespaces[0].keys_of("_op") == ("=f'{kind}_op'",)
+
+
+def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeypatch):
+    from _fp4_dynamo_shim.declared import proven as proven_record
+    from _fp4_dynamo_shim.verify import report
+
+    version = patching.flashinfer_version()
+    monkeypatch.delitem(proven_record.PROVEN, version, raising=False)
+    layer = _reapply(monkeypatch, "proven")
+    assert report._proven_line(layer) == "; no GPU record for the installed FlashInfer: SGLang's calls only"
+    assert report._proven_line(_reapply(monkeypatch, "all")) == "; no GPU record for the installed FlashInfer"
+    assert report._proven_line(_reapply(monkeypatch, "sglang")) == ""
+    monkeypatch.setitem(proven_record.PROVEN, version, {
+        "measured": "2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234: 1 of 1 public functions passed",
+        "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
+                                                       "functions": ["norm.layernorm"]}}})
+    assert report._proven_line(_reapply(monkeypatch, "proven")) == (
+        f"; GPU record for FlashInfer {version}: 1 declarations through 1 functions (2026-12-02, NVIDIA H200, "
+        "torch 2.11.0+cu130, shim abc1234)")
+
+
+def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they_become():
+    """Each release's record against that release's row of the CPU table (tests/data/declared_releases.json):
+    a record written from a wrong release, or left behind by a renamed declaration, fails here."""
+    from _fp4_dynamo_shim.declared import proven as proven_record
+
+    table = json.loads(TABLE.read_text())["releases"]
+    assert proven_record.PROVEN, "no GPU record at all"
+    for version, record in proven_record.PROVEN.items():
+        registered = table[version]["registered"]
+        assert record["declarations"], version
+        for key, entry in record["declarations"].items():
+            assert registered.get(key) == f"{declared_ops.NAMESPACE}::{entry['op']}", (version, key)
+            assert key.startswith(entry["module"] + ".") and entry["functions"], (version, key)

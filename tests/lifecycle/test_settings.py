@@ -88,7 +88,7 @@ def test_an_unknown_value_with_strict_and_the_kill_switch(name, strict, disabled
     assert [warning for warning in status["warnings"] if name in warning and "'bogus'" in warning]
     shows_the_default = {
         switches.FALLBACK: lambda: status["fallback"] == "error",
-        switches.FLASHINFER_OPS: lambda: disabled or status["flashinfer_ops"]["gate"] == "sglang",
+        switches.FLASHINFER_OPS: lambda: disabled or status["flashinfer_ops"]["gate"] == "proven",
         switches.CUDA_VERSION: lambda: disabled or status["cuda_version"]["source"] != "environment",
         switches.HOOK: lambda: status["children"][switches.HOOK] == "bogus",  # apply() exports nothing
     }

@@ -67,6 +67,9 @@ class Layer:
     pending: List[tuple] = dataclasses.field(default_factory=list)
     #: "waiting for torch._dynamo to be imported", "registered", "off", "reverted" or "failed: ...".
     state: str = "off"
+    #: The installed release's GPU record (``proven.PROVEN``), read when the layer registers; None without one.
+    proven: Optional[dict] = None
+    flashinfer: Optional[str] = None
 
 
 def module_named(name: str):

@@ -12,8 +12,10 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
   FlashInfer's eager cost is unchanged and no dispatcher is on the eager path.
 * All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
   program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
-* The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` (``declared_rules``) picks which declarations; everything not
-  registered is listed with the reason. :func:`revert` removes the polyfills and destroys the fragment.
+* The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` picks which declarations: what SGLang's traced paths call raw
+  (``declared_rules.SGLANG``), plus under ``proven`` what a GPU run proved for the installed release
+  (``proven.PROVEN``), or all of them; everything not registered is listed with the reason. :func:`revert`
+  removes the polyfills and destroys the fragment.
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ from . import scan as declared
 from . import build as declared_build
 from . import rules as declared_rules
 from . import polyfill
+from . import proven as proven_record
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
 from .. import switches
 from ..errors import ApplyError
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+DEFAULT = switches.VARIABLES[switches.FLASHINFER_OPS].default
 
 __all__ = ["NAMESPACE", "Layer", "Outcome", "apply", "revert", "describe"]
 #: (major, minor) per visible GPU, read at apply: what FlashInfer's get_compute_capability returns under
@@ -49,19 +53,24 @@ HELPERS = (
 )
 
 
-def _group(declaration: declared.Declaration) -> str:
-    return "sglang" if (declaration.module, declaration.name) in declared_rules.SGLANG else "all"
+def _group(declaration: declared.Declaration, proven: Optional[dict]) -> str:
+    """Which gate value turns the declaration on first: "sglang", "proven" or "all"."""
+    if (declaration.module, declaration.name) in declared_rules.SGLANG:
+        return "sglang"
+    return "proven" if proven and declaration.key in proven["declarations"] else "all"
 
 
-def _scan(package: Path, gate: str) -> tuple:
+def _scan(package: Path, gate: str, proven: Optional[dict]) -> tuple:
     if gate == "all":
         return declared.scan(package), "every file of the package"
-    # The default gate reads only the files of the declarations it turns on: a full scan costs 0.1-0.8 s.
+    # A narrower gate reads only the files of the declarations it can turn on: a full scan costs 0.1-0.8 s.
     modules = {module for module, _ in declared_rules.SGLANG}
+    if gate == "proven" and proven:
+        modules |= {entry["module"] for entry in proven["declarations"].values()}
     paths = [package.parent.joinpath(*m.split(".")) for m in sorted(modules)]
     files = [p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for p in paths]
     scanned = declared.scan_files(package, [f for f in files if f.exists()])
-    return scanned, "the default gate's modules: " + ", ".join(sorted(modules))
+    return scanned, f"the {gate} gate's modules: " + ", ".join(sorted(modules))
 
 
 def _capability_of_device(device):
@@ -113,14 +122,17 @@ def _register(layer: Layer) -> None:
     started = time.perf_counter()
     import flashinfer
 
+    layer.flashinfer = flashinfer.__version__
+    layer.proven = proven_record.PROVEN.get(layer.flashinfer)
     try:
-        scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate)
+        scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
         registrar = declared_build.Registrar(layer)
         by_getter: Dict[tuple, list] = {}
         for declaration in scan.declarations:
-            outcome = Outcome(declaration.key, declaration.module, declaration.name_source, _group(declaration))
+            outcome = Outcome(declaration.key, declaration.module, declaration.name_source,
+                              _group(declaration, layer.proven))
             layer.outcomes.append(outcome)
-            refused = _reason_before_building(declaration, layer.gate, outcome.group)
+            refused = _reason_before_building(declaration, layer, outcome.group)
             if refused is not None:
                 outcome.refuse(*refused)
                 continue
@@ -190,10 +202,17 @@ def apply(gate: str, strict: bool = False) -> Layer:
     return layer
 
 
-def _reason_before_building(declaration: declared.Declaration, gate: str, group: str) -> Optional[tuple]:
-    """(kind, reason) for a declaration that is not built at all, or None."""
-    if gate == "sglang" and group != "sglang":
-        return f"off under {switches.FLASHINFER_OPS}=sglang (the default): set it to all", declared_rules.GATED_OFF
+#: The gates, narrowest first: each turns on its own group and every narrower one.
+GATES = ("off", "sglang", "proven", "all")
+
+
+def _reason_before_building(declaration: declared.Declaration, layer: Layer, group: str) -> Optional[tuple]:
+    """(reason, kind) for a declaration that is not built at all, or None."""
+    if GATES.index(group) > GATES.index(layer.gate):
+        why = ("" if layer.gate == "sglang" else "not proven on a GPU for this release (declared/proven.py)"
+               if layer.proven else f"no GPU record for FlashInfer {layer.flashinfer} (declared/proven.py)")
+        return (f"off under {switches.FLASHINFER_OPS}={layer.gate}{' (the default)' if layer.gate == DEFAULT else ''}"
+                f"{': ' + why if why else ''}: set it to all", declared_rules.GATED_OFF)
     rule = declared_rules.excluded(declaration.module, declaration.getter, declaration.name)
     if rule is not None:
         return rule[1], rule[0]
@@ -241,6 +260,10 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
         "by_module": {module: _counts([o for o in layer.outcomes if o.module == module])
                       for module in sorted({o.module for o in layer.outcomes})},
         "seconds": round(layer.seconds, 3),
+        "proven": None if layer.proven is None else {
+            "flashinfer": layer.flashinfer, "measured": layer.proven["measured"],
+            "declarations": len(layer.proven["declarations"]),
+            "functions": sorted({f for entry in layer.proven["declarations"].values() for f in entry["functions"]})},
     }
 
 

@@ -117,6 +117,17 @@ def apply_shim() -> Result:
     return Result("apply", result, "applied" if applied else problem, round(time.perf_counter() - started, 2))
 
 
+def _proven_line(layer: dict) -> str:
+    """What the GPU record says for the installed release, once the layer has registered."""
+    if layer["state"] != "registered" or layer["gate"] not in ("proven", "all"):
+        return ""
+    proven = layer["proven"]
+    if proven is None:
+        return "; no GPU record for the installed FlashInfer" + (": SGLang's calls only" if layer["gate"] == "proven" else "")
+    return (f"; GPU record for FlashInfer {proven['flashinfer']}: {proven['declarations']} declarations "
+            f"through {len(proven['functions'])} functions ({proven['measured'].split(':')[0]})")
+
+
 def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
     """Rebound names grouped by module; without ``verbose``, by top-level package and public names only."""
     by_module: dict = {}
@@ -166,7 +177,8 @@ def _print_text(env: dict, status: dict, results: List[Result], exit_code: int, 
         layer = status["flashinfer_ops"]
         if layer is not None:
             print(f"  flashinfer ops (FP4_DYNAMO_SHIM_FLASHINFER_OPS={layer['gate']}): {layer['state']}; "
-                  f"{layer['counts']['registered']} of {layer['counts']['declared']} declarations registered")
+                  f"{layer['counts']['registered']} of {layer['counts']['declared']} declarations registered"
+                  + _proven_line(layer))
         for skipped in status["skipped"]:
             print(f"  skipped: {skipped}")
     else:

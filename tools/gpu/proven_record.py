@@ -1,0 +1,136 @@
+"""Write the record of FlashInfer's declared ops proven on the GPU for one release
+(``src/_fp4_dynamo_shim/declared/proven.py``), from that release's GPU run and a CPU trace.
+
+    PYTHONPATH=<a folder holding flashinfer-python V> python tools/gpu/proven_record.py \
+        --junit gpu_V.xml --commit 2f665b4 --date 2026-12-02 --gpu "NVIDIA H200" --torch 2.11.0+cu130
+
+The GPU run (``bash tests/gpu/run.sh --junitxml=...``) says which public functions passed
+``test_public_function_traces_compiles_bit_exact_captures_and_passes_opcheck``: traced with no break, compiled
+equal to eager bit for bit, replayed from a CUDA graph and clean under ``torch.library.opcheck``. Their eager
+cost is FlashInfer's own by construction (the layer rebinds nothing; ``tests/declared/test_declared.py``
+holds it). The CPU trace of each function on fake CUDA tensors (the installed release, every op on) says
+which declared ops it reaches. A declaration is proven when a passing function reaches its op and no failing one does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import xml.etree.ElementTree as ElementTree
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = ROOT / "src" / "_fp4_dynamo_shim" / "declared" / "proven.py"
+TEST = "test_public_function_traces_compiles_bit_exact_captures_and_passes_opcheck"
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support")]
+
+
+def gpu_outcomes(junit: Path) -> dict:
+    """public function -> passed (True/False), from the GPU run's JUnit XML."""
+    outcomes = {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        match = re.fullmatch(rf"{TEST}\[(.+)\]", case.get("name", ""))
+        if match and case.find("skipped") is None:
+            outcomes[match.group(1)] = case.find("failure") is None and case.find("error") is None
+    return outcomes
+
+
+def reached_declarations() -> dict:
+    """public function -> {declaration key: (module, op name)}, each traced on fake CUDA tensors with every
+    declared op on."""
+    os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import fp4_dynamo_shim
+    from _fp4_dynamo_shim.declared import layer as declared_layer
+    from _fp4_dynamo_shim.verify import checks
+    import declared_examples
+
+    import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
+
+    declared_layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
+    from _fp4_dynamo_shim.declared import scan
+    import flashinfer
+
+    modules = {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
+    registered = fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]  # declaration key -> op
+    key_of = {op.split("::")[1]: key for key, op in registered.items()}
+    reached = {}
+    for example in declared_examples.EXAMPLES:
+        function = example.resolve()
+        if function is None:
+            continue
+        with FakeTensorMode():
+            args, kwargs = example.arguments("cuda")
+        backend = checks._TraceOnly()
+        torch._dynamo.reset()
+        torch.compile(lambda *a: function(*a, **kwargs), fullgraph=True, backend=backend)(*args)
+        ops = {str(node.target).split(".")[1] for graph in backend.graphs for node in graph.graph.nodes
+               if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)}
+        reached[example.name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
+    return reached
+
+
+def read_record() -> dict:
+    namespace = {}
+    if RECORD.exists():
+        exec(compile(RECORD.read_text(), str(RECORD), "exec"), namespace)
+    return namespace.get("PROVEN", {})
+
+
+def write_record(record: dict) -> None:
+    RECORD.write_text(
+        '"""FlashInfer\'s declared ops proven on a GPU, per release: traced with no graph break, compiled equal to\n'
+        "eager bit for bit, replayed from a CUDA graph, clean under torch.library.opcheck, through the public\n"
+        "functions named (their eager cost is FlashInfer's own: the layer rebinds nothing). Read by the\n"
+        "declared-ops layer (``FP4_DYNAMO_SHIM_FLASHINFER_OPS=proven``), ``status()`` and verify.\n\n"
+        "Written by ``python tools/gpu/proven_record.py`` from a GPU run's JUnit XML; edit it only through that.\n"
+        '"""\n\n'
+        "#: FlashInfer release -> {\"measured\": how, \"declarations\": {key: {\"module\", \"op\", \"functions\"}}}\n"
+        + "PROVEN = {\n" + "".join(_release_lines(version, record[version]) for version in sorted(record)) + "}\n")
+
+
+def _release_lines(version: str, release: dict) -> str:
+    """One release, one line per declaration (a record change reads as a diff of lines)."""
+    lines = [f"    {version!r}: {{\n", f"        'measured': {release['measured']!r},\n", "        'declarations': {\n"]
+    for key, entry in sorted(release["declarations"].items()):
+        lines.append(f"            {key!r}: {{'module': {entry['module']!r}, 'op': {entry['op']!r}, "
+                     f"'functions': {entry['functions']!r}}},\n")
+    return "".join(lines) + "        },\n    },\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--junit", type=Path, required=True)
+    for name in ("commit", "date", "gpu", "torch"):
+        parser.add_argument(f"--{name}", required=True)
+    options = parser.parse_args()
+    outcomes = gpu_outcomes(options.junit)
+    if not outcomes:
+        raise SystemExit(f"{options.junit}: no {TEST} results")
+    import flashinfer
+
+    reached = reached_declarations()
+    failing = {key for name, keys in reached.items() if outcomes.get(name) is False for key in keys}
+    proven = {}
+    for name, keys in reached.items():
+        if outcomes.get(name):
+            for key, (module, op) in keys.items():
+                if key not in failing:
+                    proven.setdefault(key, {"module": module, "op": op, "functions": []})["functions"].append(name)
+    record = read_record()
+    record[flashinfer.__version__] = {
+        "measured": f"{options.date}, {options.gpu}, torch {options.torch}, shim {options.commit}: "
+                    f"{sum(outcomes.values())} of {len(outcomes)} public functions passed",
+        "declarations": proven}
+    write_record(record)
+    print(f"flashinfer {flashinfer.__version__}: {len(proven)} declarations proven through "
+          f"{sum(outcomes.values())} functions; not proven: {sorted(n for n, ok in outcomes.items() if not ok)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
