@@ -265,7 +265,8 @@ def render_declared(legs: dict) -> list:
     lines = ["## FlashInfer's declared ops: release x kind (`FP4_DYNAMO_SHIM_FLASHINFER_OPS=all`)", "",
              "Every `@register_custom_op` FlashInfer wrote, by what the shim does with it (the reasons, op by op, are in",
              "`tests/data/declared_releases.json`); a row shows once the release's leg confirmed the table against the live",
-             "shim. The default gate registers only what SGLang's traced paths call raw (see how-it-works.md).", "",
+             "shim. The default gate registers what SGLang's traced paths call raw and, on a release the GPU record",
+             "holds, what was proven there (see how-it-works.md).", "",
              "| FlashInfer | declared | " + " | ".join(DECLARED_KINDS) + " |",
              "|---|---|" + "---|" * len(DECLARED_KINDS)]
     for version, leg in legs.items():
@@ -319,22 +320,23 @@ MODEL_FAMILIES = [
     ("Qwen3 (`Qwen3ForCausalLM`)", {
         "0.5.9": "read: works (PCG opt-in)", "0.5.10": "read: works (PCG on by default)",
         "0.5.11": "**measured**: as Llama", "0.5.12-0.5.13": _WRAPPED,
-        "0.5.14": "to be measured (0.5.14 engine matrix: shim off must serve with tc_piecewise; every route and PCG off "
-                  "the same greedy ids); read: not needed",
+        "0.5.14": "**measured**: shim off serves with tc_piecewise; with the shim every route captures and serves, "
+                  "the same greedy ids as prefill graphs off and as shim off; not needed",
         "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
     ("Qwen3-MoE (`Qwen3MoeForCausalLM`)", {
         "0.5.9": "read: works (PCG opt-in); the FP4 MoE runs inside an SGLang custom op",
         "0.5.10": "read: works (PCG on by default)",
         "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)",
-        "0.5.12-0.5.13": _WRAPPED, "0.5.14": "to be measured (0.5.14 engine matrix, as Qwen3)",
+        "0.5.12-0.5.13": _WRAPPED, "0.5.14": "**measured**: as Qwen3",
         "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
     ("DeepSeek-V3 (`DeepseekV3ForCausalLM`: MLA, grouped top-k, fused shared expert)", {
         "0.5.9": "not established", "0.5.10": "not established",
-        "0.5.11": "to be measured (0.5.11 engine matrix: PCG on = off, shim off fails in capture); read: the dense "
-                  "NVFP4 layers bind FlashInfer's `fp4_quantize` on SM12x as Llama's do"}),
+        "0.5.11": "**measured**: shim off fails in capture; every route captures and serves with equal greedy ids; "
+                  "PCG on parts from off (up to 0.66 in a logprob): SGLang's own graphs differ from its eager forward "
+                  "on the bf16 model with the shim off (up to 0.21), which FP4's rounding of activations amplifies"}),
     ("GLM-4.5 MoE (`Glm4MoeForCausalLM`)", {
         "0.5.9": "not established", "0.5.10": "not established",
-        "0.5.11": "to be measured (0.5.11 engine matrix, as DeepSeek-V3)"}),
+        "0.5.11": "**measured**: as Llama"}),
     ("Qwen3.5 NVFP4 (dense MLP)", {
         "0.5.19-0.5.21": "CPU, `tests/sglang/test_sglang_qwen3_5.py` (SGLang's own MLP code, fake CUDA tensors): needed with "
                          "tc_piecewise: the fused path calls `silu_and_mul_scaled_nvfp4_experts_quantize` raw; fails "
