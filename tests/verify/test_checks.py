@@ -84,14 +84,35 @@ def test_inputs_fill_the_e4m3_range_and_are_reproducible():
     assert checks._inputs(3, "cpu", columns=64)[0].shape == (3, 64)
 
 
+def _skip_reason(check) -> str:
+    with pytest.raises(checks.Skip) as skipped:
+        check("cpu")
+    return str(skipped.value)
+
+
 def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
-    for check, reason in ((checks.check_cuda_graph, "CUDA graphs need a GPU"),
-                          (checks.check_baseline, "the unpatched failure is shown on a GPU")):
-        with pytest.raises(checks.Skip, match=reason):
-            check("cpu")
+    assert _skip_reason(checks.check_cuda_graph) == "CUDA graphs need a GPU"
+    assert _skip_reason(checks.check_baseline) == \
+        "the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)"
     with pytest.raises(checks.Skip):
         sglang_checks.check_sglang_compile_path("cpu")
     assert fp4_dynamo_shim.status()["applied"]  # check_baseline reverts only on a GPU
+
+
+@pytest.mark.parametrize("described, reason", [
+    ({"installed": None}, "sglang is not installed"),
+    ({"installed": "0.5.14", "compile_path_check": False, "note": ""},
+     "sglang 0.5.14: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9"),
+    ({"installed": "0.5.10", "compile_path_check": False, "note": "its sgl_kernel needs torch 2.9.1"},
+     "sglang 0.5.10: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9 "
+     "(its sgl_kernel needs torch 2.9.1)"),
+    ({"installed": "0.5.9", "compile_path_check": True, "note": ""}, "SGLang's piecewise CUDA graph needs a GPU"),
+])
+def test_sglangs_compile_path_check_says_why_it_does_not_run_here(monkeypatch, described, reason):
+    # Stand-in: what sglang.releases.describe() says of the installed SGLang (none is installed here); the
+    # compile path itself needs SGLang 0.5.3.post2-0.5.9 on a GPU (tests/gpu/test_gpu_sglang.py).
+    monkeypatch.setattr(sglang_checks.sglang_releases, "describe", lambda: described)
+    assert _skip_reason(sglang_checks.check_sglang_compile_path) == reason
 
 
 def test_every_check_is_listed_once_in_verifys_order():
@@ -185,11 +206,13 @@ def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_r
         "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + note
     assert checks.check_trace_dynamic("cpu") == \
         "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation" + note
-    for check, reason in ((checks.check_opcheck, "FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run"),
-                          (checks.check_compiled_matches_eager, "no FP4 values on this GPU"),
-                          (checks.check_flashinfer_op, "this GPU has no FP4 kernel")):
-        with pytest.raises(checks.Skip, match=reason):
-            check("cpu")
+    assert _skip_reason(checks.check_opcheck) == \
+        "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run"
+    assert _skip_reason(checks.check_compiled_matches_eager) == \
+        "no FP4 values on this GPU (SM<100); FP4_DYNAMO_SHIM_FALLBACK=reference makes them"
+    assert _skip_reason(checks.check_flashinfer_op) == (
+        "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error" if flashinfer_op.flashinfer_has_op()
+        else "this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
 
 
 def test_the_trace_only_backend_runs_the_graph_on_fake_tensors(kernel_stand_in):
@@ -211,6 +234,62 @@ def test_where_the_kernel_only_launches_the_checks_compare_shapes_not_values(dev
         assert checks.check_flashinfer_op("cpu") == ("compiled with fullgraph (row-major, column-major, 3-D): outputs "
                                                      "equal the function's in shape, stride and dtype (no FP4 values "
                                                      "on this GPU)")
+
+
+def test_on_an_fp4_gpu_the_compared_values_are_said_to_be_the_kernels(device_mode):
+    device_mode("kernel")  # SM100+: the values compared are FlashInfer's kernel's, and verify says so
+    assert checks.check_compiled_matches_eager("cpu") == \
+        "inductor output equals eager bitwise for M in (1, 33, 256) (FlashInfer kernel)"
+
+
+_UNSET = "unset"
+
+
+def test_each_check_compiles_as_it_says_on_the_inputs_it_names(monkeypatch):
+    """What each line claims ("fullgraph", "inductor", "M in (1, 33, 256)", "dim 0 marked dynamic") is what the
+    check asked torch for: a check that stopped asking for fullgraph, or compared other rows, still passes on a
+    working shim, so its requests are recorded here."""
+    compiled, rows, opchecked = [], [], []
+    real_compile, real_inputs, real_opcheck = torch.compile, checks._inputs, torch.library.opcheck
+
+    def named(backend):  # a backend object by its class, and a counter by what it wraps
+        if isinstance(backend, str):
+            return backend
+        wrapped = getattr(backend, "backend", None)
+        return type(backend).__name__ + (f"({wrapped})" if isinstance(wrapped, str) else "")
+
+    def recording_compile(function, **options):
+        compiled.append((function.__name__, options.get("fullgraph", _UNSET), named(options.get("backend", _UNSET)),
+                         options.get("dynamic", _UNSET)))
+        return real_compile(function, **options)
+
+    def recording_inputs(count, device, *args, **kwargs):
+        rows.append((count, device))
+        return real_inputs(count, device, *args, **kwargs)
+
+    def recording_opcheck(op, arguments, **options):
+        opchecked.append((tuple(a for a in arguments if not isinstance(a, torch.Tensor)), options.get("test_utils", _UNSET)))
+        return real_opcheck(op, arguments, **options)
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    monkeypatch.setattr(checks, "_inputs", recording_inputs)
+    monkeypatch.setattr(torch.library, "opcheck", recording_opcheck)
+    expected = {
+        checks.check_trace_static: ([("_quantize", True, "eager", _UNSET)], [37]),
+        checks.check_trace_dynamic: ([("_quantize", True, "CompileCounterWithBackend(eager)", None)], [2, 17, 300]),
+        checks.check_opcheck: ([], [64]),
+        checks.check_compiled_matches_eager: ([("_quantize", True, "inductor", _UNSET)], [1, 33, 256]),
+        checks.check_flashinfer_op: ([("call", True, "inductor", _UNSET)], [64]),
+        checks.check_flashinfer_ops: ([("call", True, "_TraceOnly", _UNSET)], []),
+    }
+    if not flashinfer_op.flashinfer_has_op():
+        del expected[checks.check_flashinfer_op]
+    for check, (compiles, counts) in expected.items():
+        compiled.clear()
+        rows.clear()
+        check("cpu")
+        assert compiled == compiles and rows == [(count, "cpu") for count in counts], (check.__name__, compiled, rows)
+    assert opchecked == [((16, False, True, False, False, None, 0), _UNSET)]  # on CPU every opcheck test runs
 
 
 def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
@@ -252,3 +331,43 @@ def _flip_one_output_bit(monkeypatch):
 
     monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
     torch._dynamo.reset()
+
+
+# --- FlashInfer's declared ops: verify's check on CPU (its GPU branch runs and compares on the H200) --------
+
+def test_the_declared_ops_check_traces_layernorm_to_the_shims_op_and_says_the_gates_counts():
+    import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
+
+    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    counts = layer["counts"]
+    assert checks.check_flashinfer_ops("cpu") == (
+        f"{counts['registered']} of {counts['declared']} declared ops registered (gate {layer['gate']}); layernorm "
+        "traced to fp4_dynamo_shim_flashinfer.layernorm.default on fake CUDA tensors (no GPU here)")
+
+
+def test_the_declared_ops_check_skips_with_the_gate_off_and_fails_on_a_failed_registration(monkeypatch):
+    # The layer's own status, edited: the real failures are made in tests/declared/test_declared.py.
+    real = patching.status()
+
+    def edited(**changes):
+        layer = {**real["flashinfer_ops"], **changes}
+        monkeypatch.setattr(checks.lifecycle, "status", lambda: {**real, "flashinfer_ops": layer})
+
+    edited(gate="off")
+    with pytest.raises(checks.Skip, match="FP4_DYNAMO_SHIM_FLASHINFER_OPS=off"):
+        checks.check_flashinfer_ops("cpu")
+    edited(counts={**real["flashinfer_ops"]["counts"], "failed": 1}, failed=["flashinfer.norm.layernorm"])
+    with pytest.raises(AssertionError, match=r"declared ops registered \(gate \w+\); failed: flashinfer.norm.layernorm"):
+        checks.check_flashinfer_ops("cpu")
+    edited(registered={})
+    with pytest.raises(checks.Skip, match="flashinfer.norm.layernorm is not among them here"):
+        checks.check_flashinfer_ops("cpu")
+
+
+def test_the_declared_ops_check_fails_when_layernorm_reaches_no_shim_op(monkeypatch):
+    import flashinfer.norm
+
+    monkeypatch.setattr(flashinfer.norm, "layernorm",
+                        lambda x, weight, bias, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps))
+    with pytest.raises(AssertionError, match=r"layernorm: 1 graphs, shim ops \[\]"):
+        checks.check_flashinfer_ops("cpu")

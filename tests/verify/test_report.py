@@ -1,0 +1,174 @@
+"""verify's report (``verify/report.py``) in this process: the words of its text output, its JSON document, how a
+check's outcome becomes a line, and its exit codes.
+
+The command line as users run it (a child process per call) is tested in test_cli.py and test_activation.py;
+here ``report.main`` and its helpers are called directly, so that a change to what verify prints is seen by a
+test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
+and environment that ``_print_text`` words are written out here (every field it reads, with values no machine
+here has: two GPUs, a GPU record, a warning), and ``main``'s check list where the test needs a failing or
+raising check; the checks themselves are test_checks.py's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.verify import checks, report
+
+ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": "12.8",
+               "gpus": [{"index": 0, "name": "NVIDIA B200", "arch": "SM100", "fp4_kernel": True},
+                        {"index": 1, "name": "NVIDIA H200", "arch": "SM90", "fp4_kernel": False}],
+               "flashinfer": "0.6.12", "supported_flashinfer": ">=0.6.1,<0.8",
+               "sglang": {"need": "SGLang 0.5.11: needs the shim", "note": "a note"}, "jit_cache": "/cache"}
+LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "declared": 40},
+         "proven": {"flashinfer": "0.6.12", "declarations": 26, "functions": ["a", "b", "c"],
+                    "measured": "H200: 2026-12-02"}}
+STATUS = {"applied": True, "cuda_version": {"value": "12.8", "source": "torch"}, "fallback": "error",
+          "op": "fp4_dynamo_shim::fp4_quantize",
+          "devices": [{"index": 0, "backend": "100", "mode": "kernel", "load_seconds": 1.25},
+                      {"index": 1, "backend": "90", "mode": "refuse", "load_seconds": None}],
+          "activated_by": "pth",
+          "rebound": ["flashinfer.fp4_quantize", "flashinfer.quantization.fp4_quantize", "sglang.x._private",
+                      "sglang.y.fp4_quantize"],
+          "family": {"nvfp4_quantize": "op-backed", "mm_fp4": "original"},
+          "flashinfer_ops": LAYER, "skipped": ["nothing to rebind in z"],
+          "routes": {"pth": "/site/fp4_dynamo_shim.pth", "sitecustomize": None, "plugin": "entry point"},
+          "warnings": ["a warning"], "problem": None}
+RESULTS = [report.Result("trace-static", "pass", "1 graph", 0.25), report.Result("cuda-graph", "skip", "no GPU", 0.0),
+           report.Result("opcheck", "fail", "AssertionError: x", 1.5)]
+
+TEXT = """\
+fp4-dynamo-shim 9.9 verify
+environment
+  python       3.11.7
+  torch        2.13.0+cpu (CUDA 12.8)
+  gpu          cuda:0 NVIDIA B200 SM100, FP4 quantize kernel: yes
+  gpu          cuda:1 NVIDIA H200 SM90, FP4 quantize kernel: no (Blackwell SM100+ only)
+  flashinfer   0.6.12 (supported: >=0.6.1,<0.8)
+  sglang       SGLang 0.5.11: needs the shim (a note)
+  jit cache    /cache
+shim applied: CUDA version 12.8 (from torch), fallback=error, op fp4_dynamo_shim::fp4_quantize
+  cuda:0 SM100: kernel, loaded in 1.2 s
+  cuda:1 SM90: refuse
+  activated by pth; 4 names rebound (--verbose lists each module)
+    flashinfer: 2 module(s): fp4_quantize
+    sglang: 2 module(s): fp4_quantize
+  family: nvfp4_quantize: op-backed
+  family: mm_fp4: original
+  flashinfer ops (FP4_DYNAMO_SHIM_FLASHINFER_OPS=proven): registered; 26 of 40 declarations registered; \
+GPU record for FlashInfer 0.6.12: 26 declarations through 3 functions (H200)
+  skipped: nothing to rebind in z
+routes installed: pth (/site/fp4_dynamo_shim.pth), plugin (entry point)
+  warning: a warning
+checks
+  PASS  trace-static       1 graph [0.2 s]
+  SKIP  cuda-graph         no GPU [0.0 s]
+  FAIL  opcheck            AssertionError: x [1.5 s]
+summary: 1 passed, 1 failed, 1 skipped; exit 1
+"""
+
+
+def raising(error):
+    """A check that raises ``error``."""
+    def check(device):
+        raise error
+    return check
+
+
+def test_the_text_report_words_every_field_it_shows(capsys):
+    report._print_text(ENVIRONMENT, STATUS, RESULTS, 1)
+    assert capsys.readouterr().out == TEXT
+
+
+def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys):
+    report._print_text(ENVIRONMENT, STATUS, [], 0, verbose=True)
+    out = capsys.readouterr().out
+    assert "  activated by pth; 4 names rebound\n" in out
+    assert ("    flashinfer: fp4_quantize\n    flashinfer.quantization: fp4_quantize\n    sglang.x: _private\n"
+            "    sglang.y: fp4_quantize\n") in out
+    assert "checks\n" not in out and out.endswith("summary: 0 passed, 0 failed, 0 skipped; exit 0\n")
+    assert report._rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
+
+
+def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys):
+    environment = {**ENVIRONMENT, "gpus": [], "sglang": {"need": None, "note": None}}
+    status = {**STATUS, "applied": False, "problem": "switched off", "routes": {"pth": None}, "warnings": []}
+    report._print_text(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
+    out = capsys.readouterr().out
+    assert "  gpu          none visible\n  flashinfer" in out and "  sglang       not installed\n" in out
+    assert "shim NOT applied: switched off\nroutes installed: none\nchecks\n" in out
+    assert out.endswith("  SKIP  apply              switched off [0.0 s]\nsummary: 0 passed, 0 failed, 1 skipped; exit 2\n")
+
+
+def test_the_gpu_record_line_per_gate_and_state():
+    assert report._proven_line({**LAYER, "gate": "sglang"}) == ""
+    assert report._proven_line({**LAYER, "state": "waiting"}) == ""
+    assert report._proven_line({**LAYER, "proven": None}) == \
+        "; no GPU record for the installed FlashInfer: SGLang's calls only"
+    assert report._proven_line({**LAYER, "gate": "all", "proven": None}) == "; no GPU record for the installed FlashInfer"
+    assert report._proven_line({**LAYER, "gate": "all"}).startswith("; GPU record for FlashInfer 0.6.12")
+
+
+def test_the_json_document_counts_each_kind_of_result():
+    results = RESULTS + [report.Result("baseline", "info", "unpatched", 2.0)]
+    document = report.json_document(ENVIRONMENT, STATUS, "cpu", results, 1)
+    assert list(document) == ["environment", "status", "device", "checks", "summary", "exit_code"]
+    assert document["summary"] == {"pass": 1, "fail": 1, "skip": 1, "info": 1}
+    assert document["checks"][2] == {"name": "opcheck", "result": "fail", "detail": "AssertionError: x", "seconds": 1.5}
+    assert (document["device"], document["exit_code"], document["status"]) == ("cpu", 1, STATUS)
+
+
+def test_a_check_becomes_a_result_line(monkeypatch):
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+
+    failing, skipping = raising(ValueError("first line\nsecond line")), raising(checks.Skip("not here"))
+    passed = report.run_check("a", lambda device: f"ran on {device}", "cpu")
+    assert (passed.name, passed.result, passed.detail) == ("a", "pass", "ran on cpu")
+    skipped, failed = report.run_check("b", skipping, "cpu"), report.run_check("c", failing, "cpu")
+    assert (skipped.result, skipped.detail) == ("skip", "not here")
+    assert (failed.result, failed.detail) == ("fail", "ValueError: first line")
+    long = report.run_check("d", raising(ValueError("y" * 2000)), "cpu")
+    assert long.detail == ("ValueError: " + "y" * 2000)[:1000]
+    assert report.run_check("baseline", lambda device: "unpatched", "cpu").result == "info"
+    assert report.run_check("baseline", skipping, "cpu").result == "skip"
+    assert len(resets) == 6  # Dynamo is reset after every check, whatever its outcome
+
+
+def test_exit_codes_of_main(monkeypatch, capsys):
+    monkeypatch.setattr(report, "ordered_checks", lambda: [("passes", lambda device: "fine"),
+                                                          ("skips", raising(checks.Skip("no")))])
+    assert report.main(["--json", "--device", "cpu"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in document["checks"]] == ["passes", "skips"] and document["status"]["applied"]
+    monkeypatch.setattr(report, "ordered_checks", lambda: [("fails", raising(ZeroDivisionError("division by zero")))])
+    assert report.main(["--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert "  FAIL  fails              ZeroDivisionError: division by zero" in captured.out
+    assert "  running fails ..." in captured.err
+    assert report.main(["--json", "--device", "cpu", "--baseline"]) == 1
+    names = [c["name"] for c in json.loads(capsys.readouterr().out)["checks"]]
+    assert names == ["fails", "baseline"]  # on CPU the baseline is a skip, after every other check
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as usage:
+            report.main(["--device", "cuda"])
+        assert usage.value.code == 3 and "--device cuda: no GPU visible" in capsys.readouterr().err
+
+
+def test_main_with_the_shim_switched_off_reports_the_apply_and_exits_2(unpatched, monkeypatch, capsys):
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1")
+    assert report.main(["--json", "--device", "cpu"]) == 2
+    document = json.loads(capsys.readouterr().out)
+    assert [(c["name"], c["result"]) for c in document["checks"]] == [("apply", "skip")]
+    assert not document["status"]["applied"]
+
+
+def test_the_environment_names_what_verify_prints():
+    environment = report.environment()
+    assert set(environment) == {"python", "torch", "cuda", "gpus", "flashinfer", "supported_flashinfer", "sglang",
+                                "fp4_dynamo_shim", "jit_cache"}
+    assert environment["torch"] == torch.__version__ and environment["fp4_dynamo_shim"] == fp4_dynamo_shim.__version__
