@@ -11,7 +11,9 @@ the killed ratio per module, listed mutants excluded.
 
     python tools/mutation/run_mutmut.py --save          # the full run; writes mutmut_results.json (committed)
     python tools/mutation/run_mutmut.py --module layout # the group holding one module (its other modules too)
-    python tools/mutation/run_mutmut.py --sample 40     # CI: a fixed-seed sample of the committed results
+    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N
+        # CI: 40 mutants the committed run killed, from 3 groups chosen by N (CI takes it from the commit);
+        # fails when one of them now survives
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -112,6 +114,7 @@ GROUPS = (  # cheapest first
         "family_ops": ["_fp4_dynamo_shim.fp4.family_ops.*"],
         "family": ["_fp4_dynamo_shim.fp4.family.*"],
     }, ("tests/fp4/test_family.py", "tests/fp4/test_family_arithmetic.py", "tests/fp4/test_layouts.py",
+        "tests/fp4/test_family_table.py", "tests/fp4/test_family_parity.py",
         "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
         *_STATUS_PROPERTY)),
     Group("tracing", {
@@ -123,6 +126,32 @@ GROUPS = (  # cheapest first
         "tests/fp4/test_battery.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
         "tests/lifecycle/test_lifecycle.py",
         *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
+    Group("sglang tables", {
+        "sglang/releases": ["_fp4_dynamo_shim.sglang.releases.*"],
+        "sglang/source": ["_fp4_dynamo_shim.sglang.source.*"],
+        "verify/sglang": ["_fp4_dynamo_shim.verify.sglang.*"],
+    }, ("tests/sglang/test_sglang_releases.py", "tests/sglang/test_user_lines.py", "tests/verify/test_checks.py")),
+    Group("verify", {
+        "verify/report": ["_fp4_dynamo_shim.verify.report.*"],
+        "verify/workers": ["_fp4_dynamo_shim.verify.workers.*"],
+    }, ("tests/verify/test_checks.py", "tests/verify/test_report.py", "tests/sglang/test_user_lines.py",
+        "tests/declared/test_declared.py::test_verify_says_what_the_gpu_record_holds_for_the_installed_release")),
+    Group("lifecycle", {
+        "lifecycle": ["_fp4_dynamo_shim.lifecycle.*"],
+        "oplib": ["_fp4_dynamo_shim.oplib.*"],
+    }, ("tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_oplib.py",
+        "tests/lifecycle/test_faults.py", "tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py",
+        "tests/lifecycle/test_cuda_version.py",
+        "tests/activation/test_routes.py::test_install_honours_the_kill_switch_in_process",
+        "tests/activation/test_routes.py::test_status_lists_what_the_plugin_rebound", *_SUBPROCESS_TESTS)),
+    Group("declared", {
+        "declared/scan": ["_fp4_dynamo_shim.declared.scan.*"],
+        "declared/codegen": ["_fp4_dynamo_shim.declared.codegen.*"],
+        "declared/build": ["_fp4_dynamo_shim.declared.build.*"],
+        "declared/layer": ["_fp4_dynamo_shim.declared.layer.*"],
+        "declared/rules": ["_fp4_dynamo_shim.declared.rules.*"],
+        "declared/polyfill": ["_fp4_dynamo_shim.declared.polyfill.*"],
+    }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
@@ -298,6 +327,9 @@ def main() -> int:
     parser.add_argument("--mutant", action="append", help="only these mutants (names or globs); not saved")
     parser.add_argument("--sample", type=int, help="this many mutants of the committed results, fixed seed (CI)")
     parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
+    parser.add_argument("--sample-groups", type=int, default=None, metavar="K",
+                        help="draw the sample from K groups chosen by the seed (each group costs about 40 s of "
+                             "set-up, whatever its share of the sample)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--save", action="store_true",
                         help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
@@ -312,7 +344,13 @@ def main() -> int:
     names_by_group = {g.name: None for g in groups}
     if options.sample:
         committed = json.loads(RESULTS.read_text())["mutants"]
-        population = sorted(n for n in committed if module_of(n) in modules)
+        # only what the committed run killed: CI's question is whether one of those now survives
+        population = sorted(n for n, status in committed.items() if module_of(n) in modules and status in KILLED)
+        if options.sample_groups:
+            present = sorted({group_of_module(module_of(n)).name for n in population})
+            chosen = set(random.Random(options.seed).sample(present, min(options.sample_groups, len(present))))
+            population = [n for n in population if group_of_module(module_of(n)).name in chosen]
+            print(f"sample from {', '.join(sorted(chosen))} (seed {options.seed})", flush=True)
         selected = sorted(random.Random(options.seed).sample(population, min(options.sample, len(population))))
         names_by_group = {g.name: [n for n in selected if module_of(n) in g.modules] for g in groups}
     elif options.mutant:
@@ -353,7 +391,15 @@ def main() -> int:
         if not options.keep:
             shutil.rmtree(scratch, ignore_errors=True)
 
+    committed = json.loads(RESULTS.read_text())["mutants"] if options.sample else {}
     for name, status in sorted(outcome.items()):
+        if options.sample and name not in listed:
+            # CI's question: has a mutant the committed run killed started to survive? A committed survivor
+            # that still survives is the full run's triage, not a regression.
+            if committed.get(name) in KILLED and status not in KILLED:
+                problems.append(f"{name}: killed in {RESULTS.name} but now {status} (a test stopped protecting "
+                                f"this)\n{diffs.get(name, '')}")
+            continue
         if status in KILLED:
             if name in listed:
                 problems.append(f"{name}: listed in {SURVIVORS.name} but now {status}; take it off the list")
