@@ -18,10 +18,11 @@ REVIEWED = json.loads(user_lines.FILE.read_text())
 REGENERATE = "the code's words changed: run python tools/golden/user_lines.py and review the diff"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def now():
-    """The code's words, computed when the tests run, not when they are collected: a mutation tool that
-    collects once and then changes the code (mutmut's forkserver) must see the changed code's words."""
+    """The code's words, computed in each test (2 ms), not at collection nor once per module: mutmut collects
+    once and then changes the code, and it runs a mutant only against the tests it saw call the mutated
+    function, which for a module-scoped fixture is the first test alone."""
     return user_lines.current()
 
 

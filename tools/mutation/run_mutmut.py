@@ -134,7 +134,8 @@ GROUPS = (  # cheapest first
     Group("verify", {
         "verify/report": ["_fp4_dynamo_shim.verify.report.*"],
         "verify/workers": ["_fp4_dynamo_shim.verify.workers.*"],
-    }, ("tests/verify/test_checks.py", "tests/verify/test_report.py", "tests/sglang/test_user_lines.py",
+    }, ("tests/verify/test_checks.py", "tests/verify/test_report.py", "tests/verify/test_workers.py",
+        "tests/sglang/test_user_lines.py",
         "tests/declared/test_declared.py::test_verify_says_what_the_gpu_record_holds_for_the_installed_release")),
     Group("lifecycle", {
         "lifecycle": ["_fp4_dynamo_shim.lifecycle.*"],

@@ -1,0 +1,187 @@
+"""verify's worker check in this process: the verdict for every combination of what the two probe workers
+report, what the probe reports, and what the check hands its probes and concludes.
+
+The slow tier (``test_worker_check.py``) runs the check as users do, with real spawned children in a venv
+with SGLang 0.5.9. Those children are the only place the probe runs there, and a child runs the module as
+installed, not the changed code a generated mutant puts in this process. So here the probe's body runs in
+this process against a list standing in for the queue, and the check runs with its two children replaced by
+the reports they would send; what the stand-in cannot show (that spawn really runs no code of the parent's,
+that a .pth really reaches a child) stays the slow tier's.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _fp4_dynamo_shim import lifecycle, switches
+from _fp4_dynamo_shim.verify import workers
+from _fp4_dynamo_shim.verify.checks import Skip
+
+SEE = 'see docs/usage.md, "Is it active in my SGLang workers?"'
+NOT_APPLIED = {"active": False}
+BY_PTH = {"active": True, "activated_by": "pth"}
+START_WITH_THE_VARIABLE = ("Start the launch with FP4_DYNAMO_SHIM=1 (checked above: that works), or run "
+                           f"`fp4-dynamo-shim install-hook`; {SEE}")
+
+
+@pytest.mark.parametrize("route, words", sorted(workers.ACTIVATED_BY.items()))
+def test_each_route_a_worker_names_is_said_in_words(route, words):
+    assert workers._outcome({"active": True, "activated_by": route}) == "applied by " + words
+
+
+def test_a_route_the_check_does_not_know_and_a_failed_probe_are_said_as_they_are():
+    assert workers._outcome({"active": True, "activated_by": "import"}) == "applied by import"
+    assert workers._outcome({"active": False}) == "NOT applied"
+    assert workers._outcome({"active": False, "error": "ImportError: x"}) == "NOT applied (ImportError: x)"
+
+
+def test_a_plain_launch_whose_worker_has_the_shim_passes_whatever_sglang_needs():
+    assert workers.worker_verdict(BY_PTH, BY_PTH, ["an always-on hook (/x.pth)"], "0.5.9") == (True, (
+        "plain launch (this environment, an always-on hook (/x.pth)): applied by the package's .pth hook; "
+        "with FP4_DYNAMO_SHIM=1: applied by the package's .pth hook; sglang 0.5.9 needs the shim in its "
+        "schedulers (piecewise CUDA graph off unless --enable-piecewise-cuda-graph) and loads no plugins "
+        "(before 0.5.11)"))
+
+
+def test_no_route_to_a_worker_fails_even_where_nothing_asks_for_the_shim():
+    passed, line = workers.worker_verdict(NOT_APPLIED, {"active": False, "error": "E: e"}, [], None)
+    assert not passed
+    assert line == ("plain launch (this environment): NOT applied; with FP4_DYNAMO_SHIM=1: NOT applied (E: e); "
+                    "sglang not installed. No route reaches a spawned worker here (a .pth runs only from an "
+                    "installed package, not from PYTHONPATH): install the package with pip (wheel or -e) or run "
+                    f"`fp4-dynamo-shim install-hook`; {SEE}")
+
+
+def test_what_asks_for_the_shim_is_named_and_fails_the_plain_launch_on_an_sglang_that_does_not_need_it():
+    asked = ["FP4_DYNAMO_SHIM='2' (not understood)", "an always-on hook (/x.pth)"]
+    assert workers.worker_verdict(NOT_APPLIED, BY_PTH, asked, "0.5.14") == (False, (
+        "plain launch (this environment, FP4_DYNAMO_SHIM='2' (not understood) and an always-on hook (/x.pth)): "
+        "NOT applied; with FP4_DYNAMO_SHIM=1: applied by the package's .pth hook; sglang 0.5.14 does not need "
+        "it on a plain launch (tc_piecewise prefill graphs on by default; FlashInfer's FP4 calls are not traced "
+        f"raw there). {START_WITH_THE_VARIABLE}"))
+
+
+def test_without_sglang_and_with_nothing_asking_a_plain_launch_without_the_shim_passes():
+    assert workers.worker_verdict(NOT_APPLIED, BY_PTH, [], None) == (True, (
+        "plain launch (this environment): NOT applied; with FP4_DYNAMO_SHIM=1: applied by the package's .pth "
+        "hook; sglang not installed; nothing here asks a plain launch for the shim"))
+
+
+def test_the_probe_reports_whether_flashinfer_in_its_process_is_patched_and_by_which_route():
+    sent = []
+
+    class Queue:
+        put = sent.append
+
+    workers.probe_worker(Queue())
+    assert sent == [{"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True, "plugin_ran": False,
+                     "active": True, "activated_by": lifecycle.status()["activated_by"]}]
+    assert sent[0]["activated_by"] is not None
+
+
+def test_the_probe_reports_an_unpatched_flashinfer_and_a_failed_plugin_load(unpatched):
+    sent = []
+
+    class Queue:
+        put = sent.append
+
+    workers.probe_worker(Queue())
+    assert sent[-1] == {"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True, "plugin_ran": False,
+                        "active": False, "activated_by": lifecycle.status()["activated_by"]}
+    try:
+        import sglang.srt.plugins  # noqa: F401
+    except ImportError as error:
+        workers.probe_worker(Queue(), run_sglang_plugins=True)
+        assert sent[-1] == {"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True,
+                            "plugin_ran": False, "active": False, "error": f"{type(error).__name__}: {error}"}
+    else:
+        pytest.skip("SGLang is installed here: the failed plugin load needs it absent")
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """The check with its two spawned children replaced: records what each would be started with and answers
+    with the reports given in ``probes.reports`` (plain launch first)."""
+    class Probes:
+        started = []
+        reports = [NOT_APPLIED, BY_PTH]
+        routes = {}
+        sglang = "0.5.9"
+
+    real_status = lifecycle.status
+
+    def status():
+        state = real_status()
+        return {**state, "routes": {**state["routes"], **Probes.routes}}
+
+    def start(context, variables, run_plugins):
+        Probes.started.append((dict(variables), run_plugins))
+        return len(Probes.started) - 1, None
+
+    monkeypatch.setattr(workers.lifecycle, "status", status)
+    monkeypatch.setattr(workers, "_start_probe", start)
+    monkeypatch.setattr(workers, "_probe_report", lambda index, queue: Probes.reports[index])
+    monkeypatch.setattr(workers.sglang_releases, "installed_version", lambda: Probes.sglang)
+    return Probes
+
+
+def test_the_check_starts_a_plain_launch_as_the_user_set_it_and_one_with_the_variable(probes, monkeypatch):
+    monkeypatch.setenv("SOMETHING_OF_THE_USERS", "kept")
+    with pytest.raises(AssertionError) as failed:
+        workers.check_worker_activation("cpu")
+    (plain, plain_plugins), (with_variable, variable_plugins) = probes.started
+    assert plain == lifecycle.user_environment() and plain["SOMETHING_OF_THE_USERS"] == "kept"
+    assert with_variable == {**plain, switches.HOOK: "1"}
+    assert plain_plugins is variable_plugins is False  # 0.5.9 loads no plugins
+    assert str(failed.value) == workers.worker_verdict(NOT_APPLIED, BY_PTH, [], "0.5.9")[1]
+
+
+@pytest.mark.parametrize("version, runs_plugins", [("0.5.11", True), ("0.5.9", False), ("0.5.24", False),
+                                                   (None, False)])
+def test_the_probes_load_sglangs_plugins_where_the_release_does_and_the_plugin_is_installed(
+        probes, version, runs_plugins):
+    probes.sglang = version
+    probes.reports = [BY_PTH, BY_PTH]
+    probes.routes = {"plugin": "_fp4_dynamo_shim.entry.sglang_plugin:plugin"}
+    workers.check_worker_activation("cpu")
+    assert [plugins for _, plugins in probes.started] == [runs_plugins, runs_plugins]
+    probes.started.clear()
+    probes.routes = {"plugin": None}
+    workers.check_worker_activation("cpu")
+    assert [plugins for _, plugins in probes.started] == [False, False]
+
+
+@pytest.mark.parametrize("value, hook, asked", [
+    ("1", None, ["FP4_DYNAMO_SHIM='1'"]),
+    ("2", None, ["FP4_DYNAMO_SHIM='2' (not understood)"]),
+    ("0", None, []),
+    (None, "/site/fp4_dynamo_shim_hook.pth", ["an always-on hook (/site/fp4_dynamo_shim_hook.pth)"]),
+    ("1", "/site/hook.pth", ["FP4_DYNAMO_SHIM='1'", "an always-on hook (/site/hook.pth)"]),
+])
+def test_what_asks_a_plain_launch_for_the_shim_is_read_from_the_users_environment_and_hooks(
+        probes, monkeypatch, value, hook, asked):
+    monkeypatch.setattr(lifecycle, "user_environment",
+                        lambda: {} if value is None else {switches.HOOK: value})
+    probes.sglang = "0.5.14"
+    probes.routes = {"hook_pth": hook, "sitecustomize": None}
+    if asked:
+        with pytest.raises(AssertionError, match="Start the launch") as failed:
+            workers.check_worker_activation("cpu")
+        assert str(failed.value) == workers.worker_verdict(NOT_APPLIED, BY_PTH, asked, "0.5.14")[1]
+    else:
+        assert workers.check_worker_activation("cpu") == workers.worker_verdict(NOT_APPLIED, BY_PTH, [], "0.5.14")[1]
+
+
+def test_a_sitecustomize_hook_counts_as_an_always_on_hook(probes):
+    probes.sglang = "0.5.14"
+    probes.routes = {"hook_pth": None, "sitecustomize": "/site/sitecustomize.py"}
+    with pytest.raises(AssertionError, match=r"this environment, an always-on hook \(/site/sitecustomize.py\)"):
+        workers.check_worker_activation("cpu")
+
+
+def test_under_the_kill_switch_the_check_is_skipped_and_starts_nothing(probes, monkeypatch):
+    real_status = workers.lifecycle.status
+    monkeypatch.setattr(workers.lifecycle, "status", lambda: {**real_status(), "disabled": True})
+    with pytest.raises(Skip, match="FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked"):
+        workers.check_worker_activation("cpu")
+    assert probes.started == []
