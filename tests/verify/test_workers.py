@@ -11,6 +11,9 @@ that a .pth really reaches a child) stays the slow tier's.
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 from _fp4_dynamo_shim import lifecycle, switches
@@ -96,6 +99,49 @@ def test_the_probe_reports_an_unpatched_flashinfer_and_a_failed_plugin_load(unpa
                             "plugin_ran": False, "active": False, "error": f"{type(error).__name__}: {error}"}
     else:
         pytest.skip("SGLang is installed here: the failed plugin load needs it absent")
+
+
+def test_the_probe_names_the_start_up_hooks_route(monkeypatch):
+    sent = []
+
+    class Queue:
+        put = sent.append
+
+    monkeypatch.setitem(sys.modules, "_fp4_dynamo_shim.entry.startup", types.SimpleNamespace(route="sitecustomize"))
+    workers.probe_worker(Queue())
+    assert sent[0]["hook_route"] == "sitecustomize"
+
+
+@pytest.fixture
+def sglang_plugins(monkeypatch):
+    """A stand-in for ``sglang.srt.plugins`` (SGLang is not installed here, and the slow tier's SGLang 0.5.9
+    loads no plugins): its ``load_plugins`` runs the shim's own plugin entry, as SGLang >= 0.5.11's does."""
+    from _fp4_dynamo_shim.entry import sglang_plugin
+
+    loaded = []
+
+    def load_plugins():
+        loaded.append(True)
+        sglang_plugin.plugin()
+
+    for name, module in (("sglang", types.ModuleType("sglang")), ("sglang.srt", types.ModuleType("sglang.srt")),
+                         ("sglang.srt.plugins", types.SimpleNamespace(load_plugins=load_plugins))):
+        monkeypatch.setitem(sys.modules, name, module)
+    return loaded
+
+
+def test_the_probe_loads_sglangs_plugins_only_where_flashinfer_is_not_patched_yet(unpatched, sglang_plugins):
+    sent = []
+
+    class Queue:
+        put = sent.append
+
+    workers.probe_worker(Queue(), run_sglang_plugins=True)
+    assert sglang_plugins == [True]
+    assert {key: sent[0][key] for key in ("plugin_ran", "active", "activated_by")} == {
+        "plugin_ran": True, "active": True, "activated_by": "plugin"}
+    workers.probe_worker(Queue(), run_sglang_plugins=True)
+    assert sglang_plugins == [True] and sent[1]["plugin_ran"] is False and sent[1]["active"] is True
 
 
 @pytest.fixture
