@@ -172,3 +172,117 @@ def test_the_environment_names_what_verify_prints():
     assert set(environment) == {"python", "torch", "cuda", "gpus", "flashinfer", "supported_flashinfer", "sglang",
                                 "fp4_dynamo_shim", "jit_cache"}
     assert environment["torch"] == torch.__version__ and environment["fp4_dynamo_shim"] == fp4_dynamo_shim.__version__
+
+
+HELP = """\
+usage: fp4-dynamo-shim verify [-h] [--json] [--device {cpu,cuda}] [--baseline]
+                              [--verbose] [--version]
+
+python -m fp4_dynamo_shim.verify: does the shim work on this machine, and in
+its SGLang workers?
+
+options:
+  -h, --help           show this help message and exit
+  --json               print one JSON document
+  --device {cpu,cuda}  default: cuda when a GPU is visible, else cpu
+  --baseline           also show FlashInfer failing without the shim
+  --verbose            list every rebound name by module
+  --version            show program's version number and exit
+
+Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.
+"""
+
+
+def test_the_command_line_help_version_and_a_device_it_does_not_know(monkeypatch, capsys):
+    monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal
+    with pytest.raises(SystemExit) as done:
+        report.main(["--help"])
+    assert done.value.code == 0 and capsys.readouterr().out == HELP
+    with pytest.raises(SystemExit) as done:
+        report.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}\n"
+    with pytest.raises(SystemExit) as done:
+        report.main(["--device", "gpu"])
+    assert done.value.code == 3 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
+
+
+def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they_gave(monkeypatch, capsys):
+    """With a GPU visible the default device is cuda (torch's answer replaced: none is visible here; the
+    environment is the stand-in above, since reading a GPU's name needs one)."""
+    seen = []
+
+    def check(device):
+        seen.append(device)
+        return f"ran on {device}"
+
+    monkeypatch.setattr(report, "ordered_checks", lambda: [("one", check)])
+    monkeypatch.setattr(checks, "check_baseline", lambda device: seen.append(("baseline", device)) or "shown")
+    monkeypatch.setattr(report, "environment", lambda: ENVIRONMENT)
+    assert report.main(["--json", "--baseline"]) == 0
+    out = capsys.readouterr().out
+    document = json.loads(out)
+    assert out == json.dumps(document, indent=2) + "\n"
+    assert (document["environment"], document["device"], document["exit_code"]) == (ENVIRONMENT, "cpu", 0)
+    assert [(c["name"], c["result"], c["detail"]) for c in document["checks"]] == [
+        ("one", "pass", "ran on cpu"), ("baseline", "info", "shown")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert report.main(["--verbose"]) == 0
+    text = capsys.readouterr().out
+    assert seen == ["cpu", ("baseline", "cpu"), "cuda"]
+    assert "  PASS  one                ran on cuda [" in text
+    assert text.endswith("summary: 1 passed, 0 failed, 0 skipped; exit 0\n")
+    assert " names rebound\n" in text and "(--verbose lists each module)" not in text
+    assert report.main([]) == 0 and " names rebound (--verbose lists each module)\n" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("outcome", ["applied", "refused", "strict", "switched off"])
+def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, monkeypatch):
+    from _fp4_dynamo_shim import lifecycle
+    from _fp4_dynamo_shim.errors import ApplyError
+
+    routes, real_status = [], lifecycle.status
+
+    def apply(route):
+        routes.append(route)
+        if outcome == "strict":
+            raise ApplyError("FlashInfer 0.5.2 is outside >=0.6.1")
+        return outcome == "applied"
+
+    monkeypatch.setattr(lifecycle, "apply", apply)
+    monkeypatch.setattr(lifecycle, "status", lambda: {**real_status(), "problem": "a refusal",
+                                                      "disabled": outcome == "switched off"})
+    clock = iter([10.0, 11.23456])
+    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    result = report.apply_shim()
+    assert routes == [report.ROUTE] and result.seconds == 1.23
+    assert (result.name, result.result, result.detail) == {
+        "applied": ("apply", "pass", "applied"),
+        "refused": ("apply", "fail", "a refusal"),
+        "strict": ("apply", "fail", "ApplyError: FlashInfer 0.5.2 is outside >=0.6.1"),
+        "switched off": ("apply", "skip", "a refusal"),
+    }[outcome]
+
+
+def test_a_checks_seconds_are_the_clocks_difference_to_a_hundredth(monkeypatch):
+    clock = iter([5.0, 7.456])
+    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
+    assert report.run_check("a", lambda device: "x", "cpu").seconds == 2.46
+
+
+def test_the_environment_lists_each_gpu_and_flashinfers_jit_cache(monkeypatch):
+    """Three GPUs through torch's own queries replaced (none is visible here): the FP4 kernel is Blackwell's,
+    SM100 and SM120 (major >= 10), not SM90's."""
+    from flashinfer.jit import env as jit_env
+
+    capabilities = {0: (10, 0), 1: (9, 0), 2: (12, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: capabilities[index])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: f"GPU {index}")
+    environment = report.environment()
+    assert environment["gpus"] == [
+        {"index": 0, "name": "GPU 0", "arch": "SM100", "fp4_kernel": True},
+        {"index": 1, "name": "GPU 1", "arch": "SM90", "fp4_kernel": False},
+        {"index": 2, "name": "GPU 2", "arch": "SM120", "fp4_kernel": True}]
+    assert environment["jit_cache"] == str(jit_env.FLASHINFER_JIT_DIR)
