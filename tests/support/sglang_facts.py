@@ -11,6 +11,11 @@ where a scheduler imports its FP4 modules and loads plugins, the raw FlashInfer 
 and the pins in METADATA. The JSON is committed so that CI checks the table against it without downloading
 the wheels; run this after adding a release (and add the release to ``RELEASES``).
 
+It also records, in ``tests/data/sglang_reads.json.xz`` (340 KB: 174 distinct files, each stored once), every
+file ``sglang_source.read_release`` asks each wheel for and the wheel's ``Requires-Dist`` lines, so that
+``tests/sglang/test_sglang_source.py`` runs the source readers over all 36 releases without the wheels and
+holds what they read against ``sglang_facts.json``.
+
 For ``SOURCE_RELEASES`` and ``MLP_RELEASES`` it also copies, byte for byte, SGLang's ``fp4_utils.py`` (the FP4 wrapper op),
 ``utils/custom_op.py`` and ``kernel_api_logging.py`` (how that op is registered and bound), the wheel's
 LICENSE, and an excerpt of ``utils/common.py`` (``sglang_lib`` and ``direct_register_custom_op``, the lines
@@ -23,7 +28,9 @@ from __future__ import annotations
 
 import argparse
 import email.parser
+import hashlib
 import json
+import lzma
 import subprocess
 import sys
 import zipfile
@@ -34,6 +41,7 @@ sys.path.insert(0, str(HERE.parents[1] / "src"))
 from _fp4_dynamo_shim.sglang import source as sglang_source  # noqa: E402
 
 FACTS_FILE = HERE.parent / "data" / "sglang_facts.json"
+READS_FILE = HERE.parent / "data" / "sglang_reads.json.xz"
 SOURCES = HERE.parent / "data" / "sglang_sources"
 #: Releases whose FP4 wrapper the CPU tests run: 0.5.14 (the GPU machine's torch, tc_piecewise by default)
 #: and 0.5.21 (the last with tc_piecewise; fp4_utils reads the platform from runtime_context).
@@ -61,19 +69,45 @@ def wheel_for(version: str, wheels: Path) -> Path:
     return found[0]
 
 
-def read_wheel(path: Path) -> dict:
+def read_wheel(path: Path, files: dict = None) -> tuple:
+    """(facts, what was read: {"paths": {path: content key or None}, "requires": Requires-Dist lines}); each
+    file's text is added to ``files`` under its content key."""
+    read_paths = {}
     with zipfile.ZipFile(path) as archive:
         names = set(archive.namelist())
 
         def read(relative: str):
             name = f"sglang/srt/{relative}"
-            return archive.read(name).decode("utf-8") if name in names else None
+            text = archive.read(name).decode("utf-8") if name in names else None
+            key = None if text is None else hashlib.sha256(text.encode()).hexdigest()[:16]
+            read_paths[relative] = key
+            if files is not None and key is not None:
+                files[key] = text
+            return text
 
         facts = sglang_source.read_release(read)
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         message = email.parser.Parser().parsestr(archive.read(metadata).decode("utf-8"))
-    facts["pins"] = sglang_source.pins(message.get_all("Requires-Dist"))
-    return facts
+    requires = message.get_all("Requires-Dist") or []
+    facts["pins"] = sglang_source.pins(requires)
+    return facts, {"paths": dict(sorted(read_paths.items())), "requires": requires}
+
+
+def load_reads() -> dict:
+    """The committed record of what the readers read: {"files": {key: text}, "releases": {version: ...}}."""
+    return json.loads(lzma.decompress(READS_FILE.read_bytes()))
+
+
+def recorded_reader(reads: dict, version: str):
+    """A ``sglang_source.Reader`` over one release's recorded files; a path the record lacks raises KeyError
+    (the readers now ask for a file they did not when the record was written: regenerate it)."""
+    paths = reads["releases"][version]["paths"]
+
+    def read(relative: str):
+        key = paths[relative]
+        return None if key is None else reads["files"][key]
+
+    return read
 
 
 def _excerpt(common: str) -> str:
@@ -140,9 +174,13 @@ def all_sources(wheels: Path) -> dict:
             for path, text in sources(version, wheel_for(version, wheels)).items()}
 
 
-def generate(wheels: Path) -> dict:
+def generate(wheels: Path) -> tuple:
+    """(facts per release, the record of what was read)."""
     wheels.mkdir(parents=True, exist_ok=True)
-    return {version: read_wheel(wheel_for(version, wheels)) for version in RELEASES}
+    files, facts, releases = {}, {}, {}
+    for version in RELEASES:
+        facts[version], releases[version] = read_wheel(wheel_for(version, wheels), files)
+    return facts, {"files": dict(sorted(files.items())), "releases": releases}
 
 
 def main() -> int:
@@ -150,23 +188,26 @@ def main() -> int:
     parser.add_argument("--wheels", type=Path, default=Path.home() / ".cache" / "fp4-dynamo-shim" / "sglang-wheels")
     parser.add_argument("--check", action="store_true", help="compare with the committed file instead of writing it")
     options = parser.parse_args()
-    facts = {version: dict(sorted(found.items())) for version, found in generate(options.wheels).items()}
+    found, reads = generate(options.wheels)
+    facts = {version: dict(sorted(values.items())) for version, values in found.items()}
     text = json.dumps(facts, indent=1) + "\n"
     copies = all_sources(options.wheels)
     if options.check:
         stale = [str(FACTS_FILE)] if FACTS_FILE.read_text() != text else []
+        stale += [str(READS_FILE)] if not READS_FILE.exists() or load_reads() != reads else []
         stale += [path for path, content in copies.items()
                   if not (SOURCES / path).exists() or (SOURCES / path).read_text() != content]
         if stale:
             print(f"differs from what the wheels say (rerun without --check): {', '.join(stale)}", file=sys.stderr)
             return 1
-        print(f"{FACTS_FILE} and {SOURCES}: match the wheels of {len(RELEASES)} releases")
+        print(f"{FACTS_FILE}, {READS_FILE} and {SOURCES}: match the wheels of {len(RELEASES)} releases")
         return 0
     FACTS_FILE.write_text(text)
+    READS_FILE.write_bytes(lzma.compress(json.dumps(reads, sort_keys=True).encode(), preset=9))
     for path, content in copies.items():
         (SOURCES / path).parent.mkdir(parents=True, exist_ok=True)
         (SOURCES / path).write_text(content)
-    print(f"wrote {FACTS_FILE} ({len(RELEASES)} releases) and {len(copies)} files under {SOURCES}")
+    print(f"wrote {FACTS_FILE} ({len(RELEASES)} releases), {READS_FILE} and {len(copies)} files under {SOURCES}")
     return 0
 
 
