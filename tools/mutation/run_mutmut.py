@@ -153,7 +153,8 @@ GROUPS = (  # cheapest first
         "declared/layer": ["_fp4_dynamo_shim.declared.layer.*"],
         "declared/rules": ["_fp4_dynamo_shim.declared.rules.*"],
         "declared/polyfill": ["_fp4_dynamo_shim.declared.polyfill.*"],
-    }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py")),
+    }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py",
+        "tests/declared/test_declared_rules.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
