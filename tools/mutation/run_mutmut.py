@@ -142,6 +142,7 @@ GROUPS = (  # cheapest first
         "lifecycle": ["_fp4_dynamo_shim.lifecycle.*"],
         "oplib": ["_fp4_dynamo_shim.oplib.*"],
     }, ("tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_oplib.py",
+        "tests/lifecycle/test_apply_steps.py",
         "tests/lifecycle/test_faults.py", "tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py",
         "tests/lifecycle/test_cuda_version.py",
         "tests/activation/test_routes.py::test_install_honours_the_kill_switch_in_process",

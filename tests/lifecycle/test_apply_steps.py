@@ -1,0 +1,74 @@
+"""``apply()``'s steps and ``revert()``'s record in this process: what each layer is handed from the settings,
+the line it logs, the refusal when FlashInfer cannot be imported, and what ``status()`` says after each.
+
+The matrix legs meet the import failure with the releases that query a GPU at import (0.6.8-0.6.18 on a
+CPU torch); here one import is made to fail on the installed release, so the words are held on every run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import pytest
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.errors import ApplyError
+
+
+def test_each_layer_gets_the_setting_it_reads(monkeypatch, applied_with):
+    handed = {}
+    fp4_apply, declared = lifecycle.fp4_layer.apply, lifecycle.declared_layer.DeclaredLayer
+
+    def fp4_layer(version, target, module, fallback):
+        handed["fallback"] = fallback
+        return fp4_apply(version, target, module, fallback)
+
+    def declared_layer(gate, strict):
+        handed["gate"], handed["strict"] = gate, strict
+        return declared(gate, strict)
+
+    monkeypatch.setattr(lifecycle.fp4_layer, "apply", fp4_layer)
+    monkeypatch.setattr(lifecycle.declared_layer, "DeclaredLayer", declared_layer)
+    applied_with(FALLBACK="reference", FLASHINFER_OPS="off", STRICT="1")
+    assert handed == {"fallback": "reference", "gate": "off", "strict": True}
+    applied_with(FALLBACK=None, FLASHINFER_OPS="all", STRICT=None)
+    assert handed == {"fallback": "error", "gate": "all", "strict": False}
+
+
+def test_apply_logs_one_line_with_what_it_did_and_status_has_no_problem(unpatched, caplog):
+    with caplog.at_level(logging.INFO, logger="fp4_dynamo_shim.lifecycle"):
+        assert lifecycle.apply(route="a test")
+    status = fp4_dynamo_shim.status()
+    assert status["problem"] is None and status["activated_by"] == "a test"
+    cuda = status["cuda_version"]
+    assert [r.getMessage() for r in caplog.records if r.name == "fp4_dynamo_shim.lifecycle"] == [
+        f"fp4_dynamo_shim applied to flashinfer {status['flashinfer']} (by a test): {len(status['rebound'])} names "
+        f"rebound, CUDA {cuda['value']} ({cuda['source']}), {len(status['devices'])} GPU(s)"]
+
+
+def test_revert_says_so_in_status(unpatched):
+    assert fp4_dynamo_shim.status()["problem"] == "revert() was called"
+
+
+def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_untouched(unpatched, monkeypatch):
+    import flashinfer
+
+    original = flashinfer.fp4_quantize
+    target_module = lifecycle.targets.target_for(lifecycle.flashinfer_version()).module
+    real_import = importlib.import_module
+
+    def import_module(name, *args):
+        if name == target_module:
+            raise RuntimeError("no GPU to ask")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(lifecycle.importlib, "import_module", import_module)
+    assert lifecycle.apply() is False
+    assert fp4_dynamo_shim.status()["problem"] == (
+        "ApplyError: importing flashinfer failed (RuntimeError: no GPU to ask); FlashInfer was left untouched")
+    assert flashinfer.fp4_quantize is original
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1")
+    with pytest.raises(ApplyError, match=r"importing flashinfer failed \(RuntimeError: no GPU to ask\)"):
+        lifecycle.apply()
