@@ -46,25 +46,58 @@ def _with_row(monkeypatch, version, **changes):
     monkeypatch.setattr(sglang_releases, "SGLANG_RELEASES", tuple(rows))
 
 
-@pytest.mark.parametrize("version, field, wrong", [
-    ("0.5.11", "loads_plugins", False),           # plugins load from 0.5.11 (scheduler.py:3893)
-    ("0.5.10", "loads_plugins", True),
-    ("0.5.10", "compile_path_check", True),       # set_compiled is gone from 0.5.10
-    ("0.5.14", "prefill_graph", "piecewise"),
-    ("0.5.15", "tc_piecewise", "default"),
-    ("0.5.22", "tc_piecewise", "opt-in"),
-    ("0.5.12", "fp4_quantize_binding", "module-global"),
-    ("0.5.7", "mm_fp4_in_sglang_op", True),
-    ("0.5.21", "raw_calls", ()),
+_RAW_QWEN3_5 = ("raw silu_and_mul_scaled_nvfp4_experts_quantize under a torch.compile prefill graph: the table says "
+                "False, the source says True")
+_RAW_RMSNORM_QUANT = "raw rmsnorm_quant under a torch.compile prefill graph: the table says False, the source says True"
+
+
+@pytest.mark.parametrize("version, field, wrong, said", [
+    ("0.5.11", "loads_plugins", False,  # plugins load from 0.5.11 (scheduler.py:3893)
+     ["schedulers load plugins: the table says False, the source says True (managers/scheduler.py:3893)"]),
+    ("0.5.10", "loads_plugins", True, ["schedulers load plugins: the table says True, the source says False"]),
+    ("0.5.10", "compile_path_check", True,  # set_compiled is gone from 0.5.10
+     ["compile path (install_torch_compiled + set_compiled): the table says True, the source says False"]),
+    ("0.5.14", "prefill_graph", "piecewise",
+     ["prefill graph: the table says 'piecewise', the source says 'tc_piecewise' "
+      "(model_executor/cuda_graph_config.py:91)"]),
+    ("0.5.15", "tc_piecewise", "default", ["tc_piecewise: the table says 'default', the source says 'opt-in'"]),
+    # a prefill graph the table now thinks 0.5.22 has would trace the raw calls its source makes
+    ("0.5.22", "tc_piecewise", "opt-in",
+     ["tc_piecewise: the table says 'opt-in', the source says 'removed'", _RAW_QWEN3_5, _RAW_RMSNORM_QUANT]),
+    ("0.5.12", "fp4_quantize_binding", "module-global",
+     ["fp4_quantize binding: the table says 'module-global', the source says 'sglang-op' "
+      "(layers/quantization/fp4_utils.py:20)"]),
+    ("0.5.7", "mm_fp4_in_sglang_op", True,
+     ["mm_fp4 inside sglang::fp4_gemm: the table says True, the source says False "
+      "(layers/quantization/modelopt_quant.py:76)"]),
+    ("0.5.21", "raw_calls", (), [_RAW_QWEN3_5, _RAW_RMSNORM_QUANT]),
 ])
-def test_a_wrong_row_is_caught_by_the_wheels_facts(monkeypatch, version, field, wrong):
+def test_a_wrong_row_is_caught_by_the_wheels_facts_in_words_that_say_where(monkeypatch, version, field, wrong, said):
     _with_row(monkeypatch, version, **{field: wrong})
-    assert sglang_releases.disagreements(version, FACTS[version], FACTS[version]["pins"])
+    assert sglang_releases.disagreements(version, FACTS[version], FACTS[version]["pins"]) == said
 
 
 def test_wrong_pins_are_caught(monkeypatch):
     monkeypatch.setitem(sglang_releases.PINS, "0.5.14", sglang_releases.Pins("2.11.0", "0.6.11.post1", "0.4.4"))
-    assert sglang_releases.disagreements("0.5.14", FACTS["0.5.14"], FACTS["0.5.14"]["pins"])
+    assert sglang_releases.disagreements("0.5.14", FACTS["0.5.14"], FACTS["0.5.14"]["pins"]) == [
+        "pins: the table says {'torch': '2.11.0', 'flashinfer': '0.6.11.post1', 'sglang_kernel': '0.4.4'}, "
+        "the source says {'torch': '2.11.0', 'flashinfer': '0.6.12', 'sglang_kernel': '0.4.4'}"]
+
+
+@pytest.mark.parametrize("version, fact, value, said", [
+    ("0.5.14", "fp4_quantize_keywords", [],  # SGLang's own op stops passing backend= to FlashInfer
+     "SGLang's op passes backend= to FlashInfer: the table says True, the source says False "
+     "(layers/quantization/fp4_utils.py:84)"),
+    ("0.5.11", "scheduler_imports_fp4_utils_at", None,  # the plugin would then run after the FP4 import
+     "scheduler imports its FP4 modules before load_plugins(): the table says True, the source says False"),
+])
+def test_a_source_that_changed_under_a_row_is_caught(version, fact, value, said):
+    assert sglang_releases.disagreements(version, {**FACTS[version], fact: value}, None) == [said]
+
+
+def test_a_release_past_the_last_row_has_no_row():
+    assert sglang_releases.disagreements("0.5.99", {}, None) == [
+        f"no row for SGLang 0.5.99 (rows end at {sglang_releases.LAST_KNOWN})"]
 
 
 # Facts read by hand from the wheels (issue 18 quotes the same lines), not by sglang_source.
@@ -219,7 +252,7 @@ METADATA = "Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n" + "".join
 @pytest.fixture
 def installed_sglang(tmp_path, monkeypatch):
     """Install the miniature SGLang on sys.path; returns a function rewriting one of its files."""
-    def write(version="0.5.14", **replacements):
+    def write(version="0.5.14", metadata=None, **replacements):
         for relative, text in MINIATURE.items():
             path = tmp_path / "sglang" / "srt" / relative
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -230,7 +263,7 @@ def installed_sglang(tmp_path, monkeypatch):
             old.rmdir()
         info = tmp_path / f"sglang-{version}.dist-info"
         info.mkdir()
-        (info / "METADATA").write_text(METADATA.format(version=version))
+        (info / "METADATA").write_text(metadata or METADATA.format(version=version))
 
     monkeypatch.syspath_prepend(str(tmp_path))
     return write
@@ -257,4 +290,26 @@ def test_verify_fails_when_schedulers_stop_loading_plugins(installed_sglang):
 def test_verify_fails_for_an_sglang_newer_than_the_table(installed_sglang):
     installed_sglang(version="0.5.24")
     with pytest.raises(AssertionError, match="no row for SGLang 0.5.24.*unknown"):
+        checks.check_sglang_release("cpu")
+
+
+def test_verify_fails_when_the_installed_pins_are_not_the_rows(installed_sglang):
+    installed_sglang(metadata=METADATA.format(version="0.5.14").replace("torch==2.11.0", "torch==2.12.0"))
+    with pytest.raises(AssertionError, match=r"pins: the table says \{'torch': '2.11.0'.*the source says \{'torch': '2.12.0'"):
+        checks.check_sglang_release("cpu")
+
+
+def test_verify_names_every_disagreement_and_the_need_line(installed_sglang):
+    installed_sglang(**{"layers/quantization/modelopt_quant.py": "from flashinfer import fp4_quantize\n",
+                        "plugins/__init__.py": "def something_else():\n    pass\n"})
+    facts = sglang_source.read_release(sglang_source.installed_reader())
+    found = sglang_releases.disagreements("0.5.14", facts, None)
+    assert len(found) > 1
+    with pytest.raises(AssertionError) as failed:
+        checks.check_sglang_release("cpu")
+    assert str(failed.value) == f"SGLang 0.5.14: {'; '.join(found)}; {sglang_releases.describe()['need']}"
+
+
+def test_verify_skips_the_release_check_without_sglang():
+    with pytest.raises(checks.Skip, match="^sglang is not installed$"):
         checks.check_sglang_release("cpu")

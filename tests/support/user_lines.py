@@ -38,14 +38,8 @@ def sglang_lines(version: str) -> dict:
     release = sglang_releases.release_for(version)
     passed, line = workers.worker_verdict(_PLAIN, _WITH_VARIABLE, [], version)
     return {
-        "need": sglang_releases.need(version, release),
+        **sglang_releases.describe_version(version),  # status()["sglang"] where this version is installed
         "needs_shim": sglang_releases.needs_shim(release),
-        "needed_by_default": sglang_releases.needed_by_default(release) if release else None,
-        "piecewise_cuda_graph": sglang_releases.describe_prefill_graph(release) if release else None,
-        "wraps_fp4_quantize": release.fp4_quantize_binding == "sglang-op" if release else None,
-        "compile_path_check": release.compile_path_check if release else None,
-        "loads_plugins": release.loads_plugins if release else None,
-        "note": (release.note or None) if release else None,
         "verify_worker_check": {"passed": passed, "line": line},
     }
 

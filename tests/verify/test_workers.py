@@ -164,6 +164,9 @@ def probes(monkeypatch):
         Probes.started.append((dict(variables), run_plugins))
         return len(Probes.started) - 1, None
 
+    # the user's environment without FP4_DYNAMO_SHIM, whatever this process's import or earlier tests exported
+    monkeypatch.delenv(switches.HOOK, raising=False)
+    monkeypatch.setattr(lifecycle, "_exported", False)
     monkeypatch.setattr(workers.lifecycle, "status", status)
     monkeypatch.setattr(workers, "_start_probe", start)
     monkeypatch.setattr(workers, "_probe_report", lambda index, queue: Probes.reports[index])

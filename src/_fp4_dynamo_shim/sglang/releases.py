@@ -255,7 +255,11 @@ PLUGIN_NAME = "fp4_dynamo_shim"
 
 def describe() -> dict:
     """SGLang as the shim sees it, for status() and verify (the same keys whether or not it is installed)."""
-    version = installed_version()
+    return describe_version(installed_version())
+
+
+def describe_version(version: Optional[str]) -> dict:
+    """What ``status()["sglang"]`` says where SGLang ``version`` is installed (None: where none is)."""
     release = release_for(version)
     pins = PINS.get(str(public(version))) if version is not None and public(version) is not None else None
     return {
