@@ -72,3 +72,23 @@ def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_u
     monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1")
     with pytest.raises(ApplyError, match=r"importing flashinfer failed \(RuntimeError: no GPU to ask\)"):
         lifecycle.apply()
+
+
+def test_rebind_modules_rebinds_both_layers_originals_in_exactly_the_modules_given(monkeypatch):
+    """A module that kept FlashInfer's originals some other way (as SGLang's do when imported before the shim):
+    rebind_modules([it]) swaps the FP4 layer's and the CUDA-version layer's originals there, and nowhere else."""
+    import sys
+    import types
+
+    (cuda_original, cuda_replacement), *_ = lifecycle._applied.cuda.swaps.pairs
+    fp4_original, fp4_replacement = lifecycle._applied.fp4.swaps.pairs[0]
+    given, other = types.ModuleType("kept_originals_given"), types.ModuleType("kept_originals_other")
+    for module in (given, other):
+        module.get_cuda_version, module.fp4_quantize = cuda_original, fp4_original
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    rebound = lifecycle.rebind_modules([given])
+    assert (given.get_cuda_version, given.fp4_quantize) == (cuda_replacement, fp4_replacement)
+    assert (other.get_cuda_version, other.fp4_quantize) == (cuda_original, fp4_original)
+    assert {(b.module, b.name) for b in rebound} == {("kept_originals_given", "get_cuda_version"),
+                                                     ("kept_originals_given", "fp4_quantize")}
+    assert lifecycle.rebind_modules(iter([other])) and other.fp4_quantize is fp4_replacement  # any iterable, once

@@ -93,3 +93,22 @@ def test_with_no_site_directory_the_warning_says_so(exporting, monkeypatch):
     monkeypatch.setattr(site_files, "site_dirs", lambda: [])
     said, _ = exporting(None)
     assert "(no fp4_dynamo_shim.pth or fp4_dynamo_shim_hook.pth in any site directory)" in said[0]
+
+
+@pytest.mark.parametrize("value, after_revert", [(None, None), ("bogus", "bogus"), ("1", "1")])
+def test_revert_withdraws_exactly_what_the_export_set(exporting, unpatched, value, after_revert):
+    """revert() gives the user's value back (none, or the one replaced) and forgets the export; a value the
+    export did not set (the user's own 1) stays."""
+    exporting(value, routes={**NO_ROUTES, "pth": "/p"})
+    lifecycle.revert()
+    assert os.environ.get(switches.HOOK) == after_revert and lifecycle._exported is False
+    os.environ[switches.HOOK] = "1"  # set again after revert, by the user: not the export's to withdraw
+    lifecycle.revert()
+    assert os.environ[switches.HOOK] == "1"
+
+
+def test_revert_leaves_a_value_the_user_changed_after_the_export(exporting, unpatched):
+    exporting("bogus", routes={**NO_ROUTES, "pth": "/p"})
+    os.environ[switches.HOOK] = "0"
+    lifecycle.revert()
+    assert os.environ[switches.HOOK] == "0" and lifecycle._exported is False
