@@ -92,6 +92,9 @@ def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys
             "    sglang.y: fp4_quantize\n") in out
     assert "checks\n" not in out and out.endswith("summary: 0 passed, 0 failed, 0 skipped; exit 0\n")
     assert report._rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
+    two = ["pkg.a.fp4_quantize", "pkg.a.mm_fp4", "pkg.b.fp4_quantize"]
+    assert report._rebound_lines(two, verbose=True) == ["    pkg.a: fp4_quantize, mm_fp4", "    pkg.b: fp4_quantize"]
+    assert report._rebound_lines(two, verbose=False) == ["    pkg: 2 module(s): fp4_quantize, mm_fp4"]
 
 
 def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys):
@@ -156,7 +159,8 @@ def test_exit_codes_of_main(monkeypatch, capsys):
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as usage:
             report.main(["--device", "cuda"])
-        assert usage.value.code == 3 and "--device cuda: no GPU visible" in capsys.readouterr().err
+        assert usage.value.code == 3
+        assert capsys.readouterr().err.endswith("fp4-dynamo-shim verify: error: --device cuda: no GPU visible\n")
 
 
 def test_main_with_the_shim_switched_off_reports_the_apply_and_exits_2(unpatched, monkeypatch, capsys):
@@ -286,3 +290,13 @@ def test_the_environment_lists_each_gpu_and_flashinfers_jit_cache(monkeypatch):
         {"index": 1, "name": "GPU 1", "arch": "SM90", "fp4_kernel": False},
         {"index": 2, "name": "GPU 2", "arch": "SM120", "fp4_kernel": True}]
     assert environment["jit_cache"] == str(jit_env.FLASHINFER_JIT_DIR)
+
+
+def test_without_flashinfers_jit_settings_the_environment_has_no_jit_cache(monkeypatch):
+    import sys
+
+    import flashinfer.jit
+
+    monkeypatch.delattr(flashinfer.jit, "env")
+    monkeypatch.setitem(sys.modules, "flashinfer.jit.env", None)  # importing it now raises ImportError
+    assert report.environment()["jit_cache"] is None

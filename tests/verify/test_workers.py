@@ -11,6 +11,7 @@ that a .pth really reaches a child) stays the slow tier's.
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -77,7 +78,7 @@ def test_the_probe_reports_whether_flashinfer_in_its_process_is_patched_and_by_w
         put = sent.append
 
     workers.probe_worker(Queue())
-    assert sent == [{"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True, "plugin_ran": False,
+    assert sent == [{"hook_route": sent[0]["hook_route"], "plugin_ran": False,
                      "active": True, "activated_by": lifecycle.status()["activated_by"]}]
     assert sent[0]["activated_by"] is not None
 
@@ -89,14 +90,14 @@ def test_the_probe_reports_an_unpatched_flashinfer_and_a_failed_plugin_load(unpa
         put = sent.append
 
     workers.probe_worker(Queue())
-    assert sent[-1] == {"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True, "plugin_ran": False,
+    assert sent[-1] == {"hook_route": sent[0]["hook_route"], "plugin_ran": False,
                         "active": False, "activated_by": lifecycle.status()["activated_by"]}
     try:
         import sglang.srt.plugins  # noqa: F401
     except ImportError as error:
         workers.probe_worker(Queue(), run_sglang_plugins=True)
-        assert sent[-1] == {"hook_route": sent[0]["hook_route"], "shim_imported_at_start": True,
-                            "plugin_ran": False, "active": False, "error": f"{type(error).__name__}: {error}"}
+        assert sent[-1] == {"hook_route": sent[0]["hook_route"], "plugin_ran": False, "active": False,
+                            "error": f"{type(error).__name__}: {error}"}
     else:
         pytest.skip("SGLang is installed here: the failed plugin load needs it absent")
 
@@ -144,6 +145,35 @@ def test_the_probe_loads_sglangs_plugins_only_where_flashinfer_is_not_patched_ye
     assert sglang_plugins == [True] and sent[1]["plugin_ran"] is False and sent[1]["active"] is True
 
 
+def test_a_plugin_load_that_does_not_apply_the_shim_reports_it_inactive(unpatched, sglang_plugins, monkeypatch):
+    monkeypatch.setattr(sys.modules["sglang.srt.plugins"], "load_plugins", lambda: sglang_plugins.append(False))
+    sent = []
+
+    class Queue:
+        put = sent.append
+
+    workers.probe_worker(Queue(), run_sglang_plugins=True)
+    assert sglang_plugins == [False]
+    assert {key: sent[0].get(key) for key in ("plugin_ran", "active", "error")} == {
+        "plugin_ran": True, "active": False, "error": None}
+
+
+def test_the_check_waits_for_each_probe_ten_minutes_and_for_its_exit_one():
+    calls = []
+
+    class Process:
+        def join(self, timeout):
+            calls.append(("join", timeout))
+
+    class Queue:
+        def get(self, timeout):
+            calls.append(("get", timeout))
+            return {"active": True}
+
+    assert workers._probe_report(Process(), Queue()) == {"active": True}
+    assert calls == [("get", 600), ("join", 60)]
+
+
 @pytest.fixture
 def probes(monkeypatch):
     """The check with its two spawned children replaced: records what each would be started with and answers
@@ -161,6 +191,7 @@ def probes(monkeypatch):
         return {**state, "routes": {**state["routes"], **Probes.routes}}
 
     def start(context, variables, run_plugins):
+        assert context.get_start_method() == "spawn"  # as SGLang starts its schedulers: nothing of this process
         Probes.started.append((dict(variables), run_plugins))
         return len(Probes.started) - 1, None
 
@@ -231,6 +262,28 @@ def test_a_sitecustomize_hook_counts_as_an_always_on_hook(probes):
 def test_under_the_kill_switch_the_check_is_skipped_and_starts_nothing(probes, monkeypatch):
     real_status = workers.lifecycle.status
     monkeypatch.setattr(workers.lifecycle, "status", lambda: {**real_status(), "disabled": True})
-    with pytest.raises(Skip, match="FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked"):
+    with pytest.raises(Skip, match="^FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked$"):
         workers.check_worker_activation("cpu")
     assert probes.started == []
+
+
+def test_a_probe_spawned_for_real_reports_back_what_its_interpreter_did():
+    """One real spawned child per environment, started by the check's own helpers in this process (the slow
+    tier runs the whole check in a venv, out of reach of a generated mutant of these helpers): the child runs
+    only its start-up hooks, as SGLang's schedulers do, so FP4_DYNAMO_SHIM=1 applies the shim there through
+    the package's .pth, and without it only an always-on hook would."""
+    import multiprocessing
+
+    routes = lifecycle.status()["routes"]
+    if not routes["pth"]:
+        pytest.skip("the package's .pth is not installed in this environment (run from a pip install)")
+    context = multiprocessing.get_context("spawn")
+    plain = {k: v for k, v in lifecycle.user_environment().items() if k != switches.HOOK}
+    before = dict(os.environ)
+    started = [workers._start_probe(context, variables, False) for variables in (plain, {**plain, switches.HOOK: "1"})]
+    assert dict(os.environ) == before  # the children's environment was this process's only while starting them
+    plain_report, variable_report = [workers._probe_report(*probe) for probe in started]
+    always_on = bool(routes["hook_pth"] or routes["sitecustomize"])
+    assert plain_report["active"] is always_on
+    assert variable_report["active"] is True and variable_report["activated_by"] == "pth"
+    assert all(not process.is_alive() for process, _ in started)

@@ -144,8 +144,7 @@ def probe_worker(queue, run_sglang_plugins=False):
     scheduler does, and report whether the shim became active and through which route. Lives here because
     the child must not import the shim to find this function."""
     startup = sys.modules.get("_fp4_dynamo_shim.entry.startup")
-    report = {"hook_route": getattr(startup, "route", None),
-              "shim_imported_at_start": "_fp4_dynamo_shim.lifecycle" in sys.modules}
+    report = {"hook_route": getattr(startup, "route", None)}
     try:
         import flashinfer
 
@@ -158,8 +157,7 @@ def probe_worker(queue, run_sglang_plugins=False):
             report["plugin_ran"] = True
             patched = getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False) is True
         report["active"] = patched
-        shim = sys.modules.get("_fp4_dynamo_shim.lifecycle")
-        report["activated_by"] = shim.status()["activated_by"] if shim is not None else None
+        report["activated_by"] = lifecycle.status()["activated_by"]
     except Exception as error:  # the report carries the failure to the parent
         report.update(active=False, error=f"{type(error).__name__}: {error}")
     queue.put(report)
