@@ -323,6 +323,29 @@ def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, childr
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
+def table(listed: dict) -> str:
+    """docs/testing.md's table: per module, the committed results counted against today's survivors.txt (a
+    survivor triaged after its run counts by its kind; "not listed" ones are not triaged yet)."""
+    record = json.loads(RESULTS.read_text())
+    lines = ["| group (commit, date, seconds) | module | mutants | killed | equivalent | gpu-only | open | not listed "
+             "| score |", "|---|---|---|---|---|---|---|---|---|"]
+    for group in GROUPS:
+        run = record["groups"].get(group.name)
+        for module in group.modules:
+            names = [n for n in record["mutants"] if module_of(n) == module]
+            if run is None or not names:
+                lines.append(f"| {group.name} (not run) | {module} | | | | | | | |")
+                continue
+            survivors = [n for n in names if record["mutants"][n] not in KILLED]
+            kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
+            scored = len(names) - kinds["equivalent"]
+            killed = len(names) - len(survivors)
+            lines.append(f"| {group.name} ({run['commit'].split()[0]}, {run['date']}, {run['seconds']} s) | {module} "
+                         f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} | {kinds['open']} "
+                         f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     all_modules = [m for g in GROUPS for m in g.modules]
@@ -338,8 +361,13 @@ def main() -> int:
     parser.add_argument("--save", action="store_true",
                         help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
     parser.add_argument("--keep", type=Path, help="run in (and keep) this directory instead of a temporary one")
+    parser.add_argument("--table", action="store_true",
+                        help=f"print docs/testing.md's per-module table from {RESULTS.name} and {SURVIVORS.name}; run nothing")
     options = parser.parse_args()
     listed = read_survivors()
+    if options.table:
+        print(table(listed))
+        return 0
     groups = [g for g in GROUPS if not options.module or set(g.modules) & set(options.module)]
     if options.mutant:
         groups = [g for g in groups if any(fnmatch.fnmatchcase(p, m) or fnmatch.fnmatchcase(m, p) for m in options.mutant
