@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -63,4 +64,13 @@ def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
     if got["flashinfer-ops"][0] == "pass":
         assert got["flashinfer-ops"][1].endswith("; layernorm: 1 graph, 0 breaks, inductor equals eager bitwise")
     assert got["family"][0] == "pass" and " called once on cuda: " in got["family"][1], got["family"]
+    # SGLang's own compile path, where the staged site has a release verify drives it on (0.5.3.post2-0.5.9)
+    sglang = document["status"]["sglang"]
+    if sglang["compile_path_check"]:
+        compared = "equal eager" if values else "not compared (no FP4 values on this GPU)"
+        result, detail = got["sglang-compile"]
+        found = re.fullmatch(rf"sglang {re.escape(sglang['installed'])} install_torch_compiled \+ SGLangBackend, "
+                             rf"capture sizes \[2, 4, 8\]: traced, (\d+) CUDA graphs captured, replayed; "
+                             rf"outputs {re.escape(compared)}", detail)
+        assert result == "pass" and found and int(found.group(1)) >= 3, (result, detail)
     assert document["exit_code"] == 0, document["summary"]
