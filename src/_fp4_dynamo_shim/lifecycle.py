@@ -36,7 +36,6 @@ CPP_EXT = "flashinfer.jit.cpp_ext"
 
 @dataclasses.dataclass
 class _Applied:
-    flashinfer_version: str
     settings: Settings
     #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
     route: str
@@ -140,7 +139,7 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
         for layer in reversed(applied):
             layer.undo()
         raise
-    _applied = _Applied(version, settings, route, *applied)
+    _applied = _Applied(settings, route, *applied)
     _last_problem = None
     resolved = _applied.cuda.resolved
     logger.info(

@@ -92,3 +92,17 @@ def test_keywords_passes_every_parameter_or_the_ones_named_by_name():
     assert oplib.keywords(_signature(function)) == "a=a, b=b, c=c"
     assert oplib.keywords(_signature(function), ["c", "a"]) == "c=c, a=a"
     assert oplib.keywords(_signature(function), []) == ""
+
+
+def test_an_op_that_writes_its_input_is_named_by_what_comes_before_its_first_parenthesis():
+    """Schemas with alias annotations carry more parentheses: ``Tensor(a!)`` marks an argument written."""
+    def scale_in_place(x, factor):
+        x.mul_(factor)
+
+    fragment = torch.library.Library("fp4_dynamo_shim_test_oplib_alias", "FRAGMENT")
+    op = oplib.define(fragment, "scale_(Tensor(a!) x, float factor) -> ()", {"CPU": scale_in_place},
+                      lambda x, factor: None)
+    assert op is torch.ops.fp4_dynamo_shim_test_oplib_alias.scale_.default
+    x = torch.ones(3)
+    op(x, 4.0)
+    assert torch.equal(x, torch.full((3,), 4.0))
