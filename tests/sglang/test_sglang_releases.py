@@ -313,3 +313,15 @@ def test_verify_names_every_disagreement_and_the_need_line(installed_sglang):
 def test_verify_skips_the_release_check_without_sglang():
     with pytest.raises(checks.Skip, match="^sglang is not installed$"):
         checks.check_sglang_release("cpu")
+
+
+def test_the_plugin_entry_point_is_found_as_installed(monkeypatch):
+    """The shim's own entry in SGLang's plugin group (this environment installs the package), and None when
+    the group has no entry of that name."""
+    import importlib.metadata
+
+    assert sglang_releases.plugin_entry_point() == "_fp4_dynamo_shim.entry.sglang_plugin:plugin"
+    other = importlib.metadata.EntryPoint("someone_else", "x:y", sglang_releases.PLUGIN_GROUP)
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group: [other] if group == sglang_releases.PLUGIN_GROUP else [])
+    assert sglang_releases.plugin_entry_point() is None
