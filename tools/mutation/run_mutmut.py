@@ -301,8 +301,9 @@ def print_scores(scores: dict) -> None:
               f"{score:>7}")
 
 
-def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, children: int) -> None:
-    """Merge this run's groups into mutmut_results.json (each group keeps the date and commit it was run at)."""
+def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, children: int, copied_at: str) -> None:
+    """Merge this run's groups into mutmut_results.json (each group keeps the date and the commit its copy was
+    taken at)."""
     record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     mutants, not_killed, runs = record.get("mutants", {}), record.get("not_killed", {}), record.get("groups", {})
     for group in groups:
@@ -310,7 +311,7 @@ def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, childr
             continue
         mutants = {n: s for n, s in mutants.items() if module_of(n) not in group.modules}
         not_killed = {n: d for n, d in not_killed.items() if module_of(n) not in group.modules}
-        runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": commit(),
+        runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": copied_at,
                             "seconds": round(seconds[group.name]), "max_children": children,
                             "mutants": sum(module_of(n) in group.modules for n in outcome)}
     mutants.update(outcome)
@@ -389,6 +390,7 @@ def main() -> int:
         names_by_group = {g.name: options.mutant for g in groups}
     names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
     partial = bool(options.sample or options.mutant)
+    copied_at = commit()  # the tree each group copies is this one, whatever is committed while it runs
     started = time.perf_counter()
     scratch = options.keep or Path(tempfile.mkdtemp(prefix="fp4-mutmut-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -447,7 +449,7 @@ def main() -> int:
     for problem in problems:
         print("PROBLEM", problem)
     if options.save and not partial and seconds:  # only groups that produced results are merged
-        save(outcome, diffs, seconds, groups, listed, options.max_children)
+        save(outcome, diffs, seconds, groups, listed, options.max_children, copied_at)
     return 1 if problems else 0
 
 
