@@ -134,7 +134,7 @@ def _apply(version: str, target: targets.Target, settings: Settings, route: str)
                 raise ApplyError(applied[0].resolved.problem)
             switches.warn(applied[0].resolved.problem)
         applied.append(fp4_layer.apply(version, target, module, settings.fallback))
-        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, settings.strict))
+        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, version, settings.strict))
     except BaseException:
         for layer in reversed(applied):
             layer.undo()

@@ -427,6 +427,20 @@ def get_module(kind: str):
     assert namespaces[0].keys_of("_op") == ("=f'{kind}_op'",)
 
 
+def test_the_record_is_chosen_by_the_version_the_lifecycle_resolved_not_by_flashinfers_attribute(monkeypatch):
+    """The installed distribution's version (what the release table and status() use) picks the record: a
+    FlashInfer whose ``__version__`` says another release (a local build, a patched copy) gets the record of
+    what is installed, not of what the attribute claims."""
+    import flashinfer
+    from _fp4_dynamo_shim.declared import proven as proven_record
+
+    version = patching.flashinfer_version()
+    other = next(v for v in sorted(proven_record.PROVEN) if v != version)
+    monkeypatch.setattr(flashinfer, "__version__", other)
+    layer = _reapply(monkeypatch, "proven")
+    assert layer["proven"] is None if version not in proven_record.PROVEN else layer["proven"]["flashinfer"] == version
+
+
 def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeypatch):
     from _fp4_dynamo_shim.declared import proven as proven_record
     from _fp4_dynamo_shim.verify import report

@@ -25,16 +25,17 @@ def test_each_layer_gets_the_setting_it_reads(monkeypatch, applied_with):
         handed["fallback"] = fallback
         return fp4_apply(version, target, module, fallback)
 
-    def declared_layer(gate, strict):
-        handed["gate"], handed["strict"] = gate, strict
-        return declared(gate, strict)
+    def declared_layer(gate, flashinfer_version, strict):
+        handed["gate"], handed["strict"], handed["version"] = gate, strict, flashinfer_version
+        return declared(gate, flashinfer_version, strict)
 
     monkeypatch.setattr(lifecycle.fp4_layer, "apply", fp4_layer)
     monkeypatch.setattr(lifecycle.declared_layer, "DeclaredLayer", declared_layer)
     applied_with(FALLBACK="reference", FLASHINFER_OPS="off", STRICT="1")
-    assert handed == {"fallback": "reference", "gate": "off", "strict": True}
+    installed = lifecycle.flashinfer_version()
+    assert handed == {"fallback": "reference", "gate": "off", "strict": True, "version": installed}
     applied_with(FALLBACK=None, FLASHINFER_OPS="all", STRICT=None)
-    assert handed == {"fallback": "error", "gate": "all", "strict": False}
+    assert handed == {"fallback": "error", "gate": "all", "strict": False, "version": installed}
 
 
 def test_apply_logs_one_line_with_what_it_did_and_status_has_no_problem(unpatched, caplog):

@@ -69,6 +69,7 @@ class Layer:
     state: str = "off"
     #: The installed release's GPU record (``proven.PROVEN``), read when the layer registers; None without one.
     proven: Optional[dict] = None
+    #: The installed release as the lifecycle resolved it (the distribution's metadata), which picks the record.
     flashinfer: Optional[str] = None
 
 

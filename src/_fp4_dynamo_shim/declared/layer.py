@@ -122,7 +122,6 @@ def _register(layer: Layer) -> None:
     started = time.perf_counter()
     import flashinfer
 
-    layer.flashinfer = flashinfer.__version__
     layer.proven = proven_record.PROVEN.get(layer.flashinfer)
     try:
         scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
@@ -184,11 +183,13 @@ def _on_dynamo_imported(layer: Layer) -> None:
             raise
 
 
-def apply(gate: str, strict: bool = False) -> Layer:
-    """The layer ``gate`` selects (``revert`` takes it back). Its work waits for torch._dynamo to be imported,
-    at once when it is: a program that never compiles pays nothing at start-up (reading the declarations
-    costs 20-50 ms for the default gate; ``all`` imports every declaring module, seconds on 0.7.4)."""
-    layer = Layer(gate, "nothing (the gate is off)" if gate == "off" else "not yet", strict=strict)
+def apply(gate: str, flashinfer_version: str, strict: bool = False) -> Layer:
+    """The layer ``gate`` selects for the installed release ``flashinfer_version`` (``revert`` takes it back).
+    Its work waits for torch._dynamo to be imported, at once when it is: a program that never compiles pays
+    nothing at start-up (reading the declarations costs 20-50 ms for the default gate; ``all`` imports every
+    declaring module, seconds on 0.7.4)."""
+    layer = Layer(gate, "nothing (the gate is off)" if gate == "off" else "not yet", strict=strict,
+                  flashinfer=flashinfer_version)
     if gate == "off":
         layer.state = "off"
         return layer
@@ -270,8 +271,8 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
 class DeclaredLayer:
     """The layer as the lifecycle holds it: undo and describe, the shape every layer has."""
 
-    def __init__(self, gate: str, strict: bool):
-        self.layer = apply(gate, strict)
+    def __init__(self, gate: str, flashinfer_version: str, strict: bool):
+        self.layer = apply(gate, flashinfer_version, strict)
 
     def undo(self) -> None:
         revert(self.layer)
