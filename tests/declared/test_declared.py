@@ -290,13 +290,15 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
         chosen = {key: name for key, name in (("flashinfer.norm._rmsnorm_impl", "norm.rmsnorm"),
                                               ("flashinfer.rope._apply_rope", "rope.apply_rope")) if key in present}
         assert chosen, "the stand-in record needs declarations this release has"
-        record = {"measured": "a stand-in record", "declarations": {
+        record = {**dict.fromkeys(proven_record.MEASURED, "a stand-in record"), "declarations": {
             key: {"module": key.rsplit(".", 1)[0], "op": None, "functions": [name]} for key, name in chosen.items()}}
         monkeypatch.setitem(proven_record.PROVEN, version, record)
     record = proven_record.PROVEN[version]
     layer = _reapply(monkeypatch, "proven")
     assert set(layer["registered"]) == set(sglang_only) | set(record["declarations"])
     assert layer["proven"]["flashinfer"] == version and layer["proven"]["declarations"] == len(record["declarations"])
+    assert {field: layer["proven"][field] for field in proven_record.MEASURED} == \
+        {field: record[field] for field in proven_record.MEASURED}
     assert all("not proven on a GPU for this release" in entry["reason"]
                for entry in layer["not_registered"].values() if entry["kind"] == "off under the gate")
     for name in layer["proven"]["functions"]:
@@ -452,7 +454,8 @@ def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeyp
     assert report._proven_line(_reapply(monkeypatch, "all")) == "; no GPU record for the installed FlashInfer"
     assert report._proven_line(_reapply(monkeypatch, "sglang")) == ""
     monkeypatch.setitem(proven_record.PROVEN, version, {
-        "measured": "2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234: 1 of 1 public functions passed",
+        "date": "2026-12-02", "machine": "NVIDIA H200", "torch": "2.11.0+cu130", "shim": "abc1234",
+        "functions_passed": 1, "functions_run": 1,
         "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
                                                        "functions": ["norm.layernorm"]}}})
     assert report._proven_line(_reapply(monkeypatch, "proven")) == (
@@ -469,7 +472,7 @@ def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they
     assert proven_record.PROVEN, "no GPU record at all"
     for version, record in proven_record.PROVEN.items():
         registered = table[version]["registered"]
-        assert record["declarations"], version
+        assert set(record) == {*proven_record.MEASURED, "declarations"} and record["declarations"], version
         for key, entry in record["declarations"].items():
             assert registered.get(key) == f"{declared_ops.NAMESPACE}::{entry['op']}", (version, key)
             assert key.startswith(entry["module"] + ".") and entry["functions"], (version, key)

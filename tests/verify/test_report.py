@@ -26,7 +26,8 @@ ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cp
                "sglang": {"need": "SGLang 0.5.11: needs the shim", "note": "a note"}, "jit_cache": "/cache"}
 LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "declared": 40},
          "proven": {"flashinfer": "0.6.12", "declarations": 26, "functions": ["a", "b", "c"],
-                    "measured": "H200: 2026-12-02"}}
+                    "date": "2026-12-02", "machine": "H200", "torch": "2.11", "shim": "abc1234",
+                    "functions_passed": 3, "functions_run": 4}}
 STATUS = {"applied": True, "cuda_version": {"value": "12.8", "source": "torch"}, "fallback": "error",
           "op": "fp4_dynamo_shim::fp4_quantize",
           "devices": [{"index": 0, "backend": "100", "mode": "kernel", "load_seconds": 1.25},
@@ -60,7 +61,7 @@ shim applied: CUDA version 12.8 (from torch), fallback=error, op fp4_dynamo_shim
   family: nvfp4_quantize: op-backed
   family: mm_fp4: original
   flashinfer ops (FP4_DYNAMO_SHIM_FLASHINFER_OPS=proven): registered; 26 of 40 declarations registered; \
-GPU record for FlashInfer 0.6.12: 26 declarations through 3 functions (H200)
+GPU record for FlashInfer 0.6.12: 26 declarations through 3 functions (2026-12-02, H200, torch 2.11, shim abc1234)
   skipped: nothing to rebind in z
 routes installed: pth (/site/fp4_dynamo_shim.pth), plugin (entry point)
   warning: a warning

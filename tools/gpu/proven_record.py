@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RECORD = ROOT / "src" / "_fp4_dynamo_shim" / "declared" / "proven.py"
 TEST = "test_public_function_traces_compiles_bit_exact_captures_and_passes_opcheck"
+#: The run's facts a record carries as fields (status() shows them; verify prints the first four).
+MEASURED = ("date", "machine", "torch", "shim", "functions_passed", "functions_run")
 sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support")]
 
 
@@ -89,13 +91,16 @@ def write_record(record: dict) -> None:
         "declared-ops layer (``FP4_DYNAMO_SHIM_FLASHINFER_OPS=proven``), ``status()`` and verify.\n\n"
         "Written by ``python tools/gpu/proven_record.py`` from a GPU run's JUnit XML; edit it only through that.\n"
         '"""\n\n'
-        "#: FlashInfer release -> {\"measured\": how, \"declarations\": {key: {\"module\", \"op\", \"functions\"}}}\n"
+        "#: What each release's record says of the run that measured it.\n"
+        f"MEASURED = {MEASURED!r}\n\n"
+        "#: FlashInfer release -> {each of MEASURED, \"declarations\": {key: {\"module\", \"op\", \"functions\"}}}\n"
         + "PROVEN = {\n" + "".join(_release_lines(version, record[version]) for version in sorted(record)) + "}\n")
 
 
 def _release_lines(version: str, release: dict) -> str:
     """One release, one line per declaration (a record change reads as a diff of lines)."""
-    lines = [f"    {version!r}: {{\n", f"        'measured': {release['measured']!r},\n", "        'declarations': {\n"]
+    lines = [f"    {version!r}: {{\n", *(f"        {field!r}: {release[field]!r},\n" for field in MEASURED),
+             "        'declarations': {\n"]
     for key, entry in sorted(release["declarations"].items()):
         lines.append(f"            {key!r}: {{'module': {entry['module']!r}, 'op': {entry['op']!r}, "
                      f"'functions': {entry['functions']!r}}},\n")
@@ -123,9 +128,8 @@ def main() -> int:
                     proven.setdefault(key, {"module": module, "op": op, "functions": []})["functions"].append(name)
     record = read_record()
     record[flashinfer.__version__] = {
-        "measured": f"{options.date}, {options.gpu}, torch {options.torch}, shim {options.commit}: "
-                    f"{sum(outcomes.values())} of {len(outcomes)} public functions passed",
-        "declarations": proven}
+        "date": options.date, "machine": options.gpu, "torch": options.torch, "shim": options.commit,
+        "functions_passed": sum(outcomes.values()), "functions_run": len(outcomes), "declarations": proven}
     write_record(record)
     print(f"flashinfer {flashinfer.__version__}: {len(proven)} declarations proven through "
           f"{sum(outcomes.values())} functions; not proven: {sorted(n for n, ok in outcomes.items() if not ok)}")

@@ -262,7 +262,7 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
                       for module in sorted({o.module for o in layer.outcomes})},
         "seconds": round(layer.seconds, 3),
         "proven": None if layer.proven is None else {
-            "flashinfer": layer.flashinfer, "measured": layer.proven["measured"],
+            "flashinfer": layer.flashinfer, **{field: layer.proven[field] for field in proven_record.MEASURED},
             "declarations": len(layer.proven["declarations"]),
             "functions": sorted({f for entry in layer.proven["declarations"].values() for f in entry["functions"]})},
     }

@@ -6,10 +6,18 @@ declared-ops layer (``FP4_DYNAMO_SHIM_FLASHINFER_OPS=proven``), ``status()`` and
 Written by ``python tools/gpu/proven_record.py`` from a GPU run's JUnit XML; edit it only through that.
 """
 
-#: FlashInfer release -> {"measured": how, "declarations": {key: {"module", "op", "functions"}}}
+#: What each release's record says of the run that measured it.
+MEASURED = ('date', 'machine', 'torch', 'shim', 'functions_passed', 'functions_run')
+
+#: FlashInfer release -> {each of MEASURED, "declarations": {key: {"module", "op", "functions"}}}
 PROVEN = {
     '0.6.12': {
-        'measured': '2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim bfc2f0a: 30 of 30 public functions passed',
+        'date': '2026-12-02',
+        'machine': 'NVIDIA H200',
+        'torch': '2.11.0+cu130',
+        'shim': 'bfc2f0a',
+        'functions_passed': 30,
+        'functions_run': 30,
         'declarations': {
             'flashinfer.activation.get_act_and_mul_module._act_and_mul': {'module': 'flashinfer.activation', 'op': 'act_and_mul', 'functions': ['activation.silu_and_mul', 'activation.gelu_and_mul', 'activation.gelu_tanh_and_mul']},
             'flashinfer.cascade.merge_state': {'module': 'flashinfer.cascade', 'op': 'merge_state', 'functions': ['cascade.merge_state']},
@@ -40,7 +48,12 @@ PROVEN = {
         },
     },
     '0.6.3': {
-        'measured': '2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim 2f665b4: 30 of 30 public functions passed',
+        'date': '2026-12-02',
+        'machine': 'NVIDIA H200',
+        'torch': '2.11.0+cu130',
+        'shim': '2f665b4',
+        'functions_passed': 30,
+        'functions_run': 30,
         'declarations': {
             'flashinfer.activation.get_act_and_mul_module._act_and_mul': {'module': 'flashinfer.activation', 'op': 'act_and_mul', 'functions': ['activation.silu_and_mul', 'activation.gelu_and_mul', 'activation.gelu_tanh_and_mul']},
             'flashinfer.cascade.merge_state': {'module': 'flashinfer.cascade', 'op': 'merge_state', 'functions': ['cascade.merge_state']},

@@ -125,7 +125,8 @@ def _proven_line(layer: dict) -> str:
     if proven is None:
         return "; no GPU record for the installed FlashInfer" + (": SGLang's calls only" if layer["gate"] == "proven" else "")
     return (f"; GPU record for FlashInfer {proven['flashinfer']}: {proven['declarations']} declarations "
-            f"through {len(proven['functions'])} functions ({proven['measured'].split(':')[0]})")
+            f"through {len(proven['functions'])} functions ({proven['date']}, {proven['machine']}, "
+            f"torch {proven['torch']}, shim {proven['shim']})")
 
 
 def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
