@@ -210,10 +210,7 @@ GATES = ("off", "sglang", "proven", "all")
 def _reason_before_building(declaration: declared.Declaration, layer: Layer, group: str) -> Optional[tuple]:
     """(reason, kind) for a declaration that is not built at all, or None."""
     if GATES.index(group) > GATES.index(layer.gate):
-        why = ("" if layer.gate == "sglang" else "not proven on a GPU for this release (declared/proven.py)"
-               if layer.proven else f"no GPU record for FlashInfer {layer.flashinfer} (declared/proven.py)")
-        return (f"off under {switches.FLASHINFER_OPS}={layer.gate}{' (the default)' if layer.gate == DEFAULT else ''}"
-                f"{': ' + why if why else ''}: set it to all", declared_rules.GATED_OFF)
+        return _gated_off(layer), declared_rules.GATED_OFF
     rule = declared_rules.excluded(declaration.module, declaration.getter, declaration.name)
     if rule is not None:
         return rule[1], rule[0]
@@ -228,6 +225,16 @@ def _reason_before_building(declaration: declared.Declaration, layer: Layer, gro
     if declaration.mutates is None:
         return "mutates_args is not a literal", declared_rules.NOT_EXPRESSIBLE
     return None
+
+
+def _gated_off(layer: Layer) -> str:
+    """Why the gate leaves a declaration off; under ``proven``, what the GPU record says of it."""
+    words = [f"off under {switches.FLASHINFER_OPS}={layer.gate}" + (" (the default)" if layer.gate == DEFAULT else "")]
+    if layer.gate == "proven" and layer.proven:
+        words.append("not proven on a GPU for this release (declared/proven.py)")
+    elif layer.gate == "proven":
+        words.append(f"no GPU record for FlashInfer {layer.flashinfer} (declared/proven.py)")
+    return ": ".join(words + ["set it to all"])
 
 
 def revert(layer: Optional[Layer]) -> None:
