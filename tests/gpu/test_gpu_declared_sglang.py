@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
+from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.verify import sglang
 from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
@@ -43,7 +44,7 @@ class _IndexerKeyNorm(torch.nn.Module):
                     reason="needs an SGLang whose compile path the shim drives (0.5.3.post2-0.5.10)")
 def test_nsa_indexer_layernorm_traces_and_replays_through_sglangs_compile_path():
     """Default gate: the layer is on for flashinfer.norm.layernorm without any setting."""
-    assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == "sglang"
+    assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == switches.VARIABLES[switches.FLASHINFER_OPS].default
     block = _IndexerKeyNorm(128)
     outcome = sglang.compile_path_check(capture_sizes=(2, 4, 8), hidden=128, compare_values=True, block=block)
     assert outcome["cuda_graphs_captured"] >= 3 and outcome["replays_equal_eager"] is True, outcome

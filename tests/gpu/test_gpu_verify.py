@@ -56,7 +56,7 @@ def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
         assert got[name] == want, (name, got[name], completed.stderr[-3000:])
     # the baseline took FlashInfer's own function under fullgraph, saw it fail, and applied the shim again
     result, detail = got["baseline"]
-    assert result == "pass" and detail.startswith("unpatched: Unsupported: ") and detail.endswith(
+    assert result == "info" and detail.startswith("unpatched: Unsupported: ") and detail.endswith(
         "(expected; the shim fixes this)"), detail
     assert document["status"]["applied"], document["status"]
     # every declared-ops and family line that ran on the GPU passed, with its GPU wording
