@@ -45,6 +45,9 @@ def _expected(values: bool, has_op: bool, where: str) -> dict:
 def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FP4_DYNAMO_SHIM")}
     environment["FP4_DYNAMO_SHIM_FALLBACK"] = fallback
+    # As verify itself advises where SGLang needs the shim in workers that load no plugin (0.5.9 here): the
+    # launch exports FP4_DYNAMO_SHIM=1, so the worker check sees the shim applied in a plain child.
+    environment["FP4_DYNAMO_SHIM"] = "1"
     completed = subprocess.run([sys.executable, "-m", "fp4_dynamo_shim.verify", "--json", "--device", "cuda",
                                 "--baseline"], capture_output=True, text=True, env=environment, timeout=540)
     (tmp_path / "stderr.txt").write_text(completed.stderr)
