@@ -12,10 +12,10 @@ MEASURED = ('date', 'machine', 'torch', 'shim', 'functions_passed', 'functions_r
 #: FlashInfer release -> {each of MEASURED, "declarations": {key: {"module", "op", "functions"}}}
 PROVEN = {
     '0.6.12': {
-        'date': '2026-12-02',
+        'date': '2026-12-03',
         'machine': 'NVIDIA H200',
         'torch': '2.11.0+cu130',
-        'shim': 'bfc2f0a',
+        'shim': '456e161',
         'functions_passed': 30,
         'functions_run': 30,
         'declarations': {
