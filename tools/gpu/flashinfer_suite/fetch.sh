@@ -16,6 +16,22 @@ for version in 0.6.3 0.6.12; do
   done
   git -C "$mirror" archive "v$version" "${present[@]}" | tar -x -C ".fitests/$version"
   touch ".fitests/$version/tests/attention/__init__.py"
+  # FlashInfer's conftest finds a compiled function's module by walking attributes from the package, which
+  # fails where a package re-exports a function under its submodule's name (0.6.12:
+  # flashinfer.quantization.packbits is the function, not the module): "Failed to monkeypatch:
+  # flashinfer.quantization.packbits.packbits" before any test runs. Look the module up by name, then walk
+  # the qualified name (a method's class).
+  python3 - ".fitests/$version/tests/conftest.py" <<'PY'
+import pathlib, sys
+conftest = pathlib.Path(sys.argv[1])
+walk = ("    module = flashinfer\n    for component in components[1:-1]:\n"
+        "        module = getattr(module, component)\n")
+by_name = ("    module = sys.modules[fn.__module__]\n    for component in fn.__qualname__.split('.')[:-1]:\n"
+           "        module = getattr(module, component)\n")
+text = conftest.read_text()
+if walk in text:
+    conftest.write_text(text.replace(walk, by_name).replace("\nimport os\n", "\nimport os\nimport sys\n", 1))
+PY
   echo "$version: $(find ".fitests/$version" -name '*.py' | wc -l) files"
 done
 du -sh .fitests
