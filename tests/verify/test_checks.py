@@ -199,13 +199,14 @@ def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(mo
 
 # --- on a GPU without the FP4 kernel (stand-in: the device state) ---------------------------------------------
 
-def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_rest_skip(device_mode):
+def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_rest_skip(device_mode, kernel_stand_in):
     device_mode("refuse")
     note = " (traced on fake tensors: no FP4 kernel runs on this GPU)"
     assert checks.check_trace_static("cpu") == \
         "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + note
     assert checks.check_trace_dynamic("cpu") == \
         "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation" + note
+    assert kernel_stand_in == []  # traced only: on such a GPU a launch would be refused
     assert _skip_reason(checks.check_opcheck) == \
         "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run"
     assert _skip_reason(checks.check_compiled_matches_eager) == \
@@ -371,3 +372,113 @@ def test_the_declared_ops_check_fails_when_layernorm_reaches_no_shim_op(monkeypa
                         lambda x, weight, bias, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps))
     with pytest.raises(AssertionError, match=r"layernorm: 1 graphs, shim ops \[\]"):
         checks.check_flashinfer_ops("cpu")
+
+
+# --- what the checks' failures say, and what they call (from mutmut's survivors in checks.py) ------------------
+def test_the_static_trace_check_fails_on_a_break_even_when_one_graph_is_counted(monkeypatch):
+    """Stand-in for Dynamo's explain(): under fullgraph=True the trace itself raises on a break, so a real
+    function cannot reach the count with one graph and one break; a graph break after the last op gives
+    exactly that count, and the check must refuse it as it refuses two graphs."""
+    from types import SimpleNamespace
+
+    for graphs, breaks in ((1, 1), (2, 0)):
+        monkeypatch.setattr(torch._dynamo, "explain", lambda function, g=graphs, b=breaks: lambda *args: SimpleNamespace(
+            graph_count=g, graph_break_count=b))
+        with pytest.raises(AssertionError) as failed:
+            checks.check_trace_static("cpu")
+        assert str(failed.value) == f"{graphs} graphs, {breaks} graph breaks"
+
+
+def test_the_compiled_vs_eager_check_fails_on_another_layout_of_the_same_values(monkeypatch):
+    """The compiled function is a stand-in that gives eager's outputs in column-major layout: same shape, same
+    values, other strides. A caller that reads the strides (a GEMM taking the scales) would see other bytes."""
+    def compile_to_column_major(function, **options):
+        return lambda *args: tuple(t.t().contiguous().t() for t in function(*args))
+
+    monkeypatch.setattr(torch, "compile", compile_to_column_major)
+    with pytest.raises(AssertionError, match=r"^M=1: compiled output differs from eager$"):
+        checks.check_compiled_matches_eager("cpu")
+
+
+def test_the_flashinfer_op_check_compares_row_major_column_major_and_3d_input(monkeypatch):
+    """What the check says it covers is what it calls: the function's eager side sees each layout once, and a
+    fault in the 3-D case is named as the 3-D case."""
+    if not flashinfer_op.flashinfer_has_op():
+        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+    quantize, seen = checks._quantize, []
+
+    def recording(x, s):
+        seen.append((tuple(x.shape), x.stride()))
+        return quantize(x, s)
+
+    monkeypatch.setattr(checks, "_quantize", recording)
+    checks.check_flashinfer_op("cpu")
+    assert seen == [((64, 256), (256, 1)), ((64, 256), (1, 64)), ((2, 32, 256), (8192, 256, 1))]
+
+    def wrong_for_3d(x, s):
+        packed, scales = quantize(x, s)
+        return (packed.reshape(-1, packed.shape[-1]), scales) if x.dim() == 3 else (packed, scales)
+
+    monkeypatch.setattr(checks, "_quantize", wrong_for_3d)
+    with pytest.raises(AssertionError, match=r"^3-D: compiled op gives \(2, 32, 128\)/"):
+        checks.check_flashinfer_op("cpu")
+
+
+def _one_family_function(monkeypatch, shim, original, kwargs):
+    """The family check over one stand-in function: ``shim`` as the replaced function, ``original`` as
+    FlashInfer's, called with ``kwargs`` (the real ones are exercised by the tests above)."""
+    monkeypatch.setattr(checks.lifecycle, "status", lambda: {"family": {"nvfp4_quantize": "op-backed"}})
+    monkeypatch.setattr(checks, "family_examples", lambda device: {"nvfp4_quantize": ((), kwargs)})
+    monkeypatch.setattr(flashinfer, "nvfp4_quantize", shim)
+    monkeypatch.setattr(checks.lifecycle, "original_function", lambda name: original)
+
+
+def test_the_family_check_passes_each_example_its_keyword_arguments(monkeypatch):
+    def needs_out_dtype(**kwargs):
+        if kwargs != {"out_dtype": torch.bfloat16}:
+            raise ValueError("called without out_dtype")
+
+    _one_family_function(monkeypatch, needs_out_dtype, needs_out_dtype, {"out_dtype": torch.bfloat16})
+    assert checks.check_family("cpu") == "1 functions called once on cpu: result: nvfp4_quantize"
+
+    def same_error_only_with_out_dtype(**kwargs):
+        if kwargs == {"out_dtype": torch.bfloat16}:
+            raise ValueError("FlashInfer refuses this")
+
+    def refuses(**kwargs):
+        raise ValueError("FlashInfer refuses this")
+
+    _one_family_function(monkeypatch, refuses, same_error_only_with_out_dtype, {"out_dtype": torch.bfloat16})
+    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
+                                          "nvfp4_quantize: ValueError: FlashInfer refuses this")
+
+
+def test_the_family_check_quotes_80_characters_of_flashinfers_error_and_200_of_the_shims(monkeypatch):
+    def raises(text):
+        def function(**kwargs):
+            raise ValueError(text)
+        return function
+
+    long = "".join(f"{i:03d}," for i in range(100))  # 400 characters, each prefix distinct
+    _one_family_function(monkeypatch, raises(long), raises(long), {})
+    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
+                                          f"nvfp4_quantize: ValueError: {long[:80]}")
+    _one_family_function(monkeypatch, raises(long), lambda **kwargs: None, {})
+    with pytest.raises(AssertionError) as failed:
+        checks.check_family("cpu")
+    assert str(failed.value) == f"nvfp4_quantize: ValueError: {long[:200]} (FlashInfer's own function does not raise this)"
+
+
+def test_the_declared_ops_check_says_exactly_why_it_skips_and_names_every_failed_op(monkeypatch):
+    real = patching.status()
+    for layer in (None, {**real["flashinfer_ops"], "gate": "off"}):
+        monkeypatch.setattr(checks.lifecycle, "status", lambda layer=layer: {**real, "flashinfer_ops": layer})
+        with pytest.raises(checks.Skip) as skipped:
+            checks.check_flashinfer_ops("cpu")
+        assert str(skipped.value) == "FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered"
+    layer = {**real["flashinfer_ops"], "counts": {**real["flashinfer_ops"]["counts"], "failed": 2},
+             "failed": ["flashinfer.a", "flashinfer.b"]}
+    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**real, "flashinfer_ops": layer})
+    with pytest.raises(AssertionError) as failed:
+        checks.check_flashinfer_ops("cpu")
+    assert str(failed.value).endswith("; failed: flashinfer.a, flashinfer.b")
