@@ -76,6 +76,27 @@ def test_the_family_examples_are_valid_calls_on_cpu():
     assert examples["mm_fp4"][1] == {"out_dtype": torch.bfloat16}
 
 
+def test_the_family_examples_mean_what_they_are_for():
+    """Each example is a call whose inputs fit together, not any valid call: block_scale_interleave gets the
+    linear scales of the input whose swizzled scales fp4_quantize gives (so the two agree), mm_fp4's alpha undoes
+    both global scales (so its product is the product of the bf16 inputs, to FP4's precision: relative error 0.13
+    measured here), and the grouped functions' mask fills expert 0 and leaves expert 1 part-filled."""
+    examples = checks.family_examples("cpu")
+    x, scale = checks._inputs(32, "cpu", columns=128)
+    (linear,), _ = examples["block_scale_interleave"]
+    assert torch.equal(flashinfer.block_scale_interleave(linear).reshape(-1),
+                       flashinfer.fp4_quantize(x, scale)[1].reshape(-1))
+    args, kwargs = examples["mm_fp4"]
+    product = flashinfer.mm_fp4(*args, **kwargs).float()
+    w, _ = checks._inputs(64, "cpu", columns=128)
+    exact = x.float() @ w.float().t()
+    assert ((product - exact).norm() / exact.norm()).item() < 0.2
+    for name in ("scaled_fp4_grouped_quantize", "silu_and_mul_scaled_nvfp4_experts_quantize"):
+        (experts, mask, scales), _ = examples[name]
+        rows = experts.shape[1]
+        assert mask[0] == rows and 0 < mask[1] < rows and scales[0] != scales[1], name
+
+
 def test_inputs_fill_the_e4m3_range_and_are_reproducible():
     x, scale = checks._inputs(5, "cpu")
     assert x.shape == (5, 256) and x.dtype == torch.bfloat16 and scale.shape == (1,)
