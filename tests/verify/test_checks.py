@@ -503,3 +503,30 @@ def test_the_declared_ops_check_says_exactly_why_it_skips_and_names_every_failed
     with pytest.raises(AssertionError) as failed:
         checks.check_flashinfer_ops("cpu")
     assert str(failed.value).endswith("; failed: flashinfer.a, flashinfer.b")
+
+
+def test_the_flashinfer_op_check_says_which_releases_have_the_op(monkeypatch):
+    """On 0.6.3-0.6.11 (the matrix's legs) FlashInfer registers no op: the skip names the release that does."""
+    monkeypatch.setattr(flashinfer_op, "flashinfer_has_op", lambda: False)
+    assert _skip_reason(checks.check_flashinfer_op) == \
+        "this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)"
+
+
+def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypatch):
+    """The traced call is layernorm(x, weight, bias, 1e-6): the op in the graph takes the three graph inputs in
+    that order and eps as given (a call with other arguments would be traced just as well, and say nothing
+    about the call verify means to show)."""
+    graphs = []
+
+    class Recording(checks._TraceOnly):
+        def __call__(self, graph_module, example_inputs):
+            graphs.append(graph_module)
+            return super().__call__(graph_module, example_inputs)
+
+    monkeypatch.setattr(checks, "_TraceOnly", Recording)
+    checks.check_flashinfer_ops("cpu")
+    (graph,) = graphs
+    inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    (op,) = [n for n in graph.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)]
+    assert [tuple(n.meta["example_value"].shape) for n in inputs] == [(64, 128), (128,), (128,)]
+    assert list(op.args[:3]) == inputs and op.args[3:] + tuple(op.kwargs.values()) == (1e-6,)
