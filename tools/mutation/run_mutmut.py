@@ -155,7 +155,8 @@ GROUPS = (  # cheapest first
         "declared/rules": ["_fp4_dynamo_shim.declared.rules.*"],
         "declared/polyfill": ["_fp4_dynamo_shim.declared.polyfill.*"],
     }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py",
-        "tests/declared/test_declared_rules.py", "tests/declared/test_declared_fakes.py")),
+        "tests/declared/test_declared_rules.py", "tests/declared/test_declared_fakes.py",
+        "tests/declared/test_declared_getter.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
