@@ -197,8 +197,8 @@ def get_module():
 
 def test_a_fake_with_the_functions_parameters_in_another_order_is_called_by_keyword(cases):
     declaration, module, function = cases["reordered"]
-    fake, keywords, _ = build._fake(declaration, module, function)
-    assert (fake, keywords) == (module._reordered_fake, ["y", "x"])
+    assert build._fake(declaration, module, function) == (
+        module._reordered_fake, ["y", "x"], "FlashInfer's, by keyword (in another order)")
 
 
 def test_the_shims_rules_give_the_fake_where_flashinfer_wrote_none_or_a_wrong_one():

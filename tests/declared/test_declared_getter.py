@@ -13,6 +13,7 @@ ops are real, in a fragment of the shim's namespace that each test destroys.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import types
 
@@ -21,6 +22,7 @@ import torch
 
 from _fp4_dynamo_shim.declared import build
 from _fp4_dynamo_shim.declared import scan as declared
+from _fp4_dynamo_shim.declared import codegen
 from _fp4_dynamo_shim.declared.codegen import NotExpressibleError
 
 _numbers = itertools.count()
@@ -150,3 +152,67 @@ def test_a_getter_whose_signature_does_not_evaluate_refuses_its_members_by_name(
     build.getter(layer, registrar, members, module, facts)
     assert [o.reason for _, o in members] == [
         "get_module: signature: NameError: name 'NoSuchType' is not defined"] * 2 and not layer.pending
+
+
+SHARED_NAME = '''
+import functools
+import torch
+from types import SimpleNamespace
+
+def register_custom_op(name, mutates_args):
+    return lambda function: function
+
+def register_fake_op(name):
+    return lambda function: function
+
+@functools.cache
+def get_module(q_seq_len: int, *, tiles: int = 4):
+    built_for = q_seq_len * 100 + tiles
+
+    @register_custom_op("flashinfer::PREFIX_attend", mutates_args=())
+    def attend(x: torch.Tensor, q_seq_len: int, tiles: int = 1) -> torch.Tensor:
+        return x * built_for + q_seq_len * 10 + tiles
+
+    @register_fake_op("flashinfer::PREFIX_attend")
+    def _fake_attend(x: torch.Tensor, q_seq_len: int, tiles: int = 1) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return SimpleNamespace(attend=attend)
+'''
+
+
+def test_a_getter_and_its_function_that_share_a_parameter_name_each_get_their_own_value():
+    """As flashinfer.xqa's getter and ``xqa`` both take ``q_seq_len``: a call that gives the two different
+    values must reach the module built for the getter's and run it with the function's."""
+    prefix = f"getter_shared_{next(_numbers)}"
+    source = SHARED_NAME.replace("PREFIX", prefix)
+    module = types.ModuleType(f"flashinfer.{prefix}")
+    module.__file__ = f"/site-packages/flashinfer/{prefix}.py"
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    declarations, namespaces = declared.scan_source(source, module.__name__)
+    layer = build.Layer("all", "a test")
+    try:
+        members = _members(declarations)
+        build.getter(layer, build.Registrar(layer), members, module, namespaces[0])
+        assert members[0][1].op is not None, members[0][1].reason
+        ((_, traceable, _, _),) = layer.pending
+        x = torch.ones(2)
+        for getter_args, call_args in (((2,), (x, 1)), ((3,), (x, 5, 7))):
+            eager = module.get_module(*getter_args, tiles=9).attend(*call_args)
+            assert torch.equal(traceable(*getter_args, tiles=9).attend(*call_args), eager), (getter_args, call_args)
+        assert torch.equal(traceable(2, tiles=9).attend(x, q_seq_len=1, tiles=3), torch.full((2,), 222.0))  # 1 * (2*100 + 9) + 1*10 + 3
+    finally:
+        while layer.undo:
+            layer.undo.pop()()
+
+
+def test_op_parameters_that_would_collide_are_refused_by_name():
+    def getter(k: int):
+        pass
+
+    def function(x: torch.Tensor, getter_k: int) -> torch.Tensor:
+        pass
+
+    with pytest.raises(codegen.NotExpressible) as refused:
+        codegen.plan("op", "function", inspect.signature(function), (), inspect.signature(getter))
+    assert str(refused.value) == "function: op parameter names collide (getter_k)"

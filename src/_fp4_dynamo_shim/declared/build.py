@@ -150,7 +150,8 @@ def _fake(declaration: declared.Declaration, module, function):
     if theirs == own:
         return fake, None, "FlashInfer's"
     if set(theirs) <= set(own):
-        return fake, theirs, f"FlashInfer's, by keyword (it lacks {', '.join(n for n in own if n not in theirs)})"
+        lacks = ", ".join(n for n in own if n not in theirs)
+        return fake, theirs, f"FlashInfer's, by keyword ({f'it lacks {lacks}' if lacks else 'in another order'})"
     stale = ", ".join(n for n in theirs if n not in own)
     if _returns_none(function):
         return None, None, f"none needed (returns None; FlashInfer's fake names parameters it lacks: {stale})"
@@ -262,7 +263,9 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
     if not built:
         return
     # Each built member checked that the getter's parameters are all named (a variadic one refuses it).
-    source.insert(0, f"def _getter({oplib.declare(parameters, namespace, 'g')}):\n")
+    # The callers pack the getter's arguments under names of their own, which their parameters cannot shadow.
+    source[:0] = [f"def _getter({oplib.declare(parameters, namespace, 'g')}):\n"] + [
+        f"    {declared_codegen.getter_argument(name)} = {name}\n" for name in parameters.parameters]
     for number, (key, value) in enumerate(namespace_facts.entries):
         if key not in entries:
             namespace[f"_unavailable_{number}"] = declared_codegen.unavailable(

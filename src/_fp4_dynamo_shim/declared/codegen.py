@@ -3,10 +3,12 @@
 Each FlashInfer declaration becomes, from its ``inspect.Signature`` (the real function's, or one compiled from
 the source for a def nested in a getter):
 
-* the op's parameters: the getter's, then the function's, each type the schema cannot hold split by its
-  ``declared_rules.Adapter`` into parts it can; the schema is ``torch.library.infer_schema``'s for them;
+* the op's parameters: the getter's (renamed, see :func:`getter_argument`), then the function's, each type the
+  schema cannot hold split by its ``declared_rules.Adapter`` into parts it can; the schema is
+  ``torch.library.infer_schema``'s for them;
 * the kernel and the fake: rebuild FlashInfer's arguments from the op's and call FlashInfer's function (through
-  its getter when nested) or FlashInfer's fake;
+  its getter when nested, called from a function of its own so that the getter's arguments never meet the
+  function's) or FlashInfer's fake;
 * the caller: FlashInfer's exact signature, calling the op. Dynamo traces it in place of FlashInfer's function
   (``polyfill``); it never runs eagerly.
 
@@ -67,14 +69,19 @@ def _parameters(signature: inspect.Signature, what: str):
         yield parameter
 
 
+def getter_argument(name: str) -> str:
+    """The name a getter's parameter goes by in the op, the kernel and the caller: a getter and its function
+    may both take a parameter of one name (flashinfer.xqa's ``q_seq_len``), each with its own value."""
+    return f"getter_{name}"
+
+
 def plan(name: str, function: str, signature: inspect.Signature, mutates, getter_signature=None) -> Op:
     """The op for a function with ``signature`` (and, when nested, its getter's); raises NotExpressible."""
     pieces, pack, unpack, checks = [], [], [], []
     if getter_signature is not None:
         for parameter in _parameters(getter_signature, "its getter"):
-            pieces.append(Piece(f"getter_{parameter.name}", parameter.annotation))
-            pack.append(parameter.name)
-            unpack.append(f"{parameter.name} = getter_{parameter.name}")
+            pieces.append(Piece(getter_argument(parameter.name), parameter.annotation))
+            pack.append(getter_argument(parameter.name))
     for parameter in _parameters(signature, function):
         adapter = declared_rules.adapter_for(parameter.annotation)
         if adapter is None:
@@ -89,6 +96,10 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         unpack.append(f"{parameter.name} = " + adapter.unpack.format(n=parameter.name))
         if adapter.check:
             checks.append(adapter.check.format(n=parameter.name, function=function))
+    names = [piece.name for piece in pieces]
+    if len(set(names)) != len(names):
+        clash = sorted({n for n in names if names.count(n) > 1})
+        raise NotExpressible(f"{function}: op parameter names collide ({', '.join(clash)})")
     return_annotation = signature.return_annotation
     return_adapter = declared_rules.return_adapter_for(return_annotation)
     if return_adapter is not None:
@@ -151,24 +162,30 @@ def _kernel_source(op: Op, index: int, target: str, role: str, keywords: Optiona
     return "\n".join(lines) + "\n"
 
 
-def target_expression(index: int, getter_signature: Optional[inspect.Signature], key: Optional[str]) -> str:
-    """How the kernel reaches FlashInfer's function: ``_target_<i>`` itself, or through the getter and the
-    namespace key it returns the function under (a computed key is an expression over the getter's
-    parameters, which the kernel has rebuilt by then)."""
+def target_expression(index: int, getter_signature: Optional[inspect.Signature], key: Optional[str]
+                      ) -> Tuple[str, str]:
+    """How the kernel reaches FlashInfer's function, and the source of what that needs: ``_target_<i>`` itself,
+    or ``_resolve_<i>(the getter's arguments)``, a function of the getter's own parameters that calls the
+    getter and takes the function from its namespace under ``key`` (a computed key is an expression over
+    those parameters)."""
     if getter_signature is None:
-        return f"_target_{index}"
+        return f"_target_{index}", ""
     namespace = f"_getter_{index}({_call_arguments(getter_signature)})"
-    if key.startswith("="):
-        return f"getattr({namespace}, {key[1:]})"
-    return f"{namespace}.{key}"
+    entry = f"getattr({namespace}, {key[1:]})" if key.startswith("=") else f"{namespace}.{key}"
+    parameters = list(getter_signature.parameters)
+    source = f"def _resolve_{index}({', '.join(parameters)}):\n    return {entry}\n"
+    return f"_resolve_{index}({', '.join(getter_argument(p) for p in parameters)})", source
 
 
-def kernel_and_fake(op: Op, index: int, bindings: dict, target: str, fake: Optional[Callable],
+def kernel_and_fake(op: Op, index: int, bindings: dict, target: Tuple[str, str], fake: Optional[Callable],
                     filename: str, fake_keywords: Optional[List[str]] = None) -> Tuple[Callable, Callable]:
     """The op's kernel (calling ``target``, see :func:`target_expression`, with ``bindings`` in scope) and its
     fake (FlashInfer's, rebuilt the same way, called by keyword with ``fake_keywords`` when its parameters
     are not the function's; or nothing, for a function that returns None in place)."""
     namespace = dict(bindings)
+    target, resolver = target
+    if resolver:
+        exec(compile(resolver, filename, "exec"), namespace)
     if op.return_adapter is not None:
         namespace[f"_to_op_{index}"] = op.return_adapter.to_op
     exec(compile(_kernel_source(op, index, target, "kernel"), filename, "exec"), namespace)
