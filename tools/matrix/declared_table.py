@@ -32,6 +32,7 @@ import json, os, warnings
 warnings.filterwarnings("ignore")
 os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
 import fp4_dynamo_shim
+import torch._dynamo  # the layer applies when Dynamo is imported, as it is before anything compiles
 status = fp4_dynamo_shim.status()
 layer = status["flashinfer_ops"] or {}
 print(json.dumps({"applied": status["applied"], "problem": status["problem"],

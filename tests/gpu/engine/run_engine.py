@@ -64,9 +64,9 @@ def engine_arguments(options, sglang_version: str) -> dict:
                          # cutlass_moe_fp4, which sm120_path/sitecustomize.py stands in for, as on 0.5.11.
                          moe_runner_backend="triton")
     if options.torch_compile:  # SGLang's other compiled path: the decode graphs under torch.compile (not fullgraph)
-        arguments.update(enable_torch_compile=True, torch_compile_max_bs=4, cuda_graph_max_bs=4,
-                         **({"disable_cuda_graph": False} if sglang_version.startswith("0.5.11")
-                            else {"disable_decode_cuda_graph": False}))
+        arguments.update(enable_torch_compile=True, torch_compile_max_bs=4,
+                         **({"disable_cuda_graph": False, "cuda_graph_max_bs": 4} if sglang_version.startswith("0.5.11")
+                            else {"disable_decode_cuda_graph": False, "cuda_graph_max_bs_decode": 4}))
     return arguments
 
 
