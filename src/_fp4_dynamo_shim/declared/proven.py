@@ -15,7 +15,7 @@ PROVEN = {
         'date': '2026-12-03',
         'machine': 'NVIDIA H200',
         'torch': '2.11.0+cu130',
-        'shim': '456e161',
+        'shim': 'c94da3d',
         'functions_passed': 30,
         'functions_run': 30,
         'declarations': {
@@ -48,10 +48,10 @@ PROVEN = {
         },
     },
     '0.6.3': {
-        'date': '2026-12-02',
+        'date': '2026-12-03',
         'machine': 'NVIDIA H200',
         'torch': '2.11.0+cu130',
-        'shim': '2f665b4',
+        'shim': 'c94da3d',
         'functions_passed': 30,
         'functions_run': 30,
         'declarations': {
