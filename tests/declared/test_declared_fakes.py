@@ -19,16 +19,7 @@ from _fp4_dynamo_shim.declared import build, rules
 from _fp4_dynamo_shim.declared import scan as declared
 from _fp4_dynamo_shim.declared.codegen import NotExpressible
 
-DECORATORS = '''
-import torch
-from types import SimpleNamespace
-
-def register_custom_op(name, mutates_args):
-    return lambda function: function
-
-def register_fake_op(name):
-    return lambda function: function
-'''
+from flashinfer_like import NO_OP_DECORATORS as DECORATORS
 
 CASES = DECORATORS + '''
 @register_custom_op("flashinfer::writes", mutates_args=("out",))

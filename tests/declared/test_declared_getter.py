@@ -25,19 +25,11 @@ from _fp4_dynamo_shim.declared import scan as declared
 from _fp4_dynamo_shim.declared import codegen
 from _fp4_dynamo_shim.declared.codegen import NotExpressibleError
 
+from flashinfer_like import NO_OP_DECORATORS
+
 _numbers = itertools.count()
 
-SOURCE = '''
-import functools
-import torch
-from types import SimpleNamespace
-
-def register_custom_op(name, mutates_args):
-    return lambda function: function
-
-def register_fake_op(name):
-    return lambda function: function
-
+SOURCE = NO_OP_DECORATORS + '''
 @functools.cache
 def get_module(kind: str = "silu"):
     fname = f"{kind}_PREFIX"
@@ -61,16 +53,23 @@ def get_module(kind: str = "silu"):
 '''
 
 
-@pytest.fixture
-def example():
-    """(module, declarations, namespace facts, layer, registrar, the module's name suffix); the layer is undone
-    afterwards, which destroys its fragment."""
-    prefix = f"getter_example_{next(_numbers)}"
-    source = SOURCE.replace("PREFIX", prefix)
+def _load(template: str, stem: str):
+    """(module, its declarations, its getters' namespace facts, the name suffix) of ``template`` executed as a
+    fresh flashinfer module whose names carry a suffix of their own (ops are process-wide)."""
+    prefix = f"{stem}_{next(_numbers)}"
+    source = template.replace("PREFIX", prefix)
     module = types.ModuleType(f"flashinfer.{prefix}")
     module.__file__ = f"/site-packages/flashinfer/{prefix}.py"
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     declarations, namespaces = declared.scan_source(source, module.__name__)
+    return module, declarations, namespaces, prefix
+
+
+@pytest.fixture
+def example():
+    """(module, declarations, namespace facts, layer, registrar, the module's name suffix); the layer is undone
+    afterwards, which destroys its fragment."""
+    module, declarations, namespaces, prefix = _load(SOURCE, "getter_example")
     layer = build.Layer("all", "a test")
     registrar = build.Registrar(layer)
     yield module, declarations, namespaces[0], layer, registrar, prefix
@@ -154,17 +153,7 @@ def test_a_getter_whose_signature_does_not_evaluate_refuses_its_members_by_name(
         "get_module: signature: NameError: name 'NoSuchType' is not defined"] * 2 and not layer.pending
 
 
-SHARED_NAME = '''
-import functools
-import torch
-from types import SimpleNamespace
-
-def register_custom_op(name, mutates_args):
-    return lambda function: function
-
-def register_fake_op(name):
-    return lambda function: function
-
+SHARED_NAME = NO_OP_DECORATORS + '''
 @functools.cache
 def get_module(q_seq_len: int, *, tiles: int = 4):
     built_for = q_seq_len * 100 + tiles
@@ -184,12 +173,7 @@ def get_module(q_seq_len: int, *, tiles: int = 4):
 def test_a_getter_and_its_function_that_share_a_parameter_name_each_get_their_own_value():
     """As flashinfer.xqa's getter and ``xqa`` both take ``q_seq_len``: a call that gives the two different
     values must reach the module built for the getter's and run it with the function's."""
-    prefix = f"getter_shared_{next(_numbers)}"
-    source = SHARED_NAME.replace("PREFIX", prefix)
-    module = types.ModuleType(f"flashinfer.{prefix}")
-    module.__file__ = f"/site-packages/flashinfer/{prefix}.py"
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    declarations, namespaces = declared.scan_source(source, module.__name__)
+    module, declarations, namespaces, _ = _load(SHARED_NAME, "getter_shared")
     layer = build.Layer("all", "a test")
     try:
         members = _members(declarations)

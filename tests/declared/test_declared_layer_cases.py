@@ -1,0 +1,468 @@
+"""The declared-ops layer's own decisions (``declared/layer.py``), case by case: what status() says of each gate,
+each refusal's words, the wait for torch._dynamo's import and a failure there, the device-query helpers and
+their polyfills, a failure or an interruption while registering, and revert.
+
+test_declared.py holds the layer's work on the installed release as a whole (every declaration registered or
+listed, traced calls); most of the cases here do not occur in it (0.7.4 has no computed module-level name, no
+non-literal ``mutates_args``, no op FlashInfer registered itself), or occur only on a GPU. Stand-ins, each
+named where used: a FlashInfer-like package written to a temporary directory (its modules executed with no-op
+decorators, as FlashInfer's are when its custom ops are off), the import of torch._dynamo (wrapt's
+notification, which its import finder sends), a second GPU's capability, and a clock.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+import wrapt
+
+import flashinfer
+import flashinfer.norm
+import flashinfer.sampling
+import flashinfer.utils
+import fp4_dynamo_shim
+from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.declared import build as declared_build
+from _fp4_dynamo_shim.declared import layer as declared_ops
+from _fp4_dynamo_shim.declared import polyfill
+from _fp4_dynamo_shim.declared import proven as proven_record
+
+from flashinfer_like import NO_OP_DECORATORS as DECORATORS
+from helpers import apply_with
+
+VERSION = patching.flashinfer_version()
+GATE = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
+#: What the default set (``declared_rules.SGLANG``) registers from 0.7.4, and the files the narrow gates read.
+SGLANG_KEYS = {"flashinfer.norm.layernorm", "flashinfer.norm.rmsnorm_quant",
+               "flashinfer.fused_moe.fused_routing_dsv3.get_dsv3_fused_routing_module.NoAuxTc"}
+SGLANG_MODULES = "flashinfer.fused_moe.fused_routing_dsv3, flashinfer.norm"
+HELPERS = ["flashinfer.utils.get_compute_capability", "flashinfer.sampling._blackwell_softmax_capability"]
+LOGGER = "fp4_dynamo_shim.declared.layer"
+
+
+def _reapply(monkeypatch, gate):
+    status = apply_with(monkeypatch, FLASHINFER_OPS=gate)
+    assert status["applied"], status["problem"]
+    return status["flashinfer_ops"]
+
+
+def _namespace():
+    return getattr(torch.ops, declared_ops.NAMESPACE)
+
+
+@pytest.fixture
+def own_layers(unpatched):
+    """``apply(gate, **keywords)``: the layer alone, through its own ``apply`` (the shim reverted, so that no op
+    name is taken), every layer it made reverted when the test ends."""
+    layers = []
+
+    def apply(gate, **keywords):
+        layer = declared_ops.apply(gate, VERSION, **keywords)
+        layers.append(layer)
+        return layer
+
+    yield apply
+    for layer in reversed(layers):
+        declared_ops.revert(layer)
+
+
+# --- status() under the real release -----------------------------------------------------------------------
+
+
+def test_the_default_set_reports_its_files_helpers_fakes_and_counts_per_module(monkeypatch):
+    layer = _reapply(monkeypatch, "sglang")
+    # Every field status() documents, under its name (verify and the docs read them).
+    assert set(layer) == {"gate", "scanned", "registered", "not_registered", "fakes_not_flashinfers_own", "failed",
+                          "helpers", "state", "counts", "by_module", "seconds", "proven"}
+    assert layer["state"] == "registered" and set(layer["registered"]) == SGLANG_KEYS
+    assert layer["scanned"] == f"the sglang gate's modules: {SGLANG_MODULES}"
+    # Both of 0.7.4's cached device queries get a traced stand-in (FlashInfer imports both modules).
+    assert layer["helpers"] == HELPERS
+    # layernorm's and rmsnorm_quant's fakes are FlashInfer's own, so only NoAuxTc's is listed; a gated-off
+    # declaration has no fake at all and is not listed either.
+    assert layer["fakes_not_flashinfers_own"] == {
+        "flashinfer.fused_moe.fused_routing_dsv3.get_dsv3_fused_routing_module.NoAuxTc": "none needed (returns None)"}
+    assert sorted(layer["by_module"]) == ["flashinfer.fused_moe.fused_routing_dsv3", "flashinfer.norm"]
+    norm = [key for key in (*layer["registered"], *layer["not_registered"]) if key.startswith("flashinfer.norm.")]
+    assert layer["by_module"]["flashinfer.norm"]["declared"] == len(norm) == 12
+    assert layer["by_module"]["flashinfer.norm"]["registered"] == 2
+    assert layer["by_module"]["flashinfer.fused_moe.fused_routing_dsv3"]["registered"] == 1
+    assert sum(counts["declared"] for counts in layer["by_module"].values()) == layer["counts"]["declared"]
+
+
+def test_the_seconds_are_the_time_registration_took_to_the_millisecond(monkeypatch):
+    # Stand-in clock: registration starts at 1000 s and ends 123.4567 ms later (a real one would make the
+    # rounding and the difference depend on the machine's speed).
+    readings = [1000.0, 1000.1234567]
+    monkeypatch.setattr(declared_ops, "time", types.SimpleNamespace(
+        perf_counter=lambda: readings.pop(0) if len(readings) > 1 else readings[0]))
+    layer = _reapply(monkeypatch, "sglang")
+    assert layer["seconds"] == 0.123 and isinstance(layer["seconds"], float)
+
+
+def test_a_gated_off_declaration_says_which_gate_left_it_off_and_how_to_turn_it_on(monkeypatch):
+    """The words differ by gate: the default is named as such, and under ``proven`` they say what the GPU
+    record holds (none for 0.7.4; a stand-in record for the installed release shows the other case)."""
+    off = "flashinfer.norm._rmsnorm_impl"  # declared in a file the narrow gates read, in no set
+    layer = _reapply(monkeypatch, "sglang")
+    assert layer["not_registered"][off] == {"kind": "off under the gate",
+                                            "reason": f"off under {GATE}=sglang: set it to all"}
+    monkeypatch.delitem(proven_record.PROVEN, VERSION, raising=False)
+    layer = _reapply(monkeypatch, "proven")
+    assert layer["not_registered"][off]["reason"] == (
+        f"off under {GATE}=proven (the default): no GPU record for FlashInfer {VERSION} (declared/proven.py): "
+        "set it to all")
+    record = {**dict.fromkeys(proven_record.MEASURED, "a stand-in record"), "declarations": {
+        "flashinfer.norm.fused_add_rmsnorm": {"module": "flashinfer.norm", "op": "fused_add_rmsnorm",
+                                              "functions": ["norm.fused_add_rmsnorm"]}}}
+    monkeypatch.setitem(proven_record.PROVEN, VERSION, record)
+    layer = _reapply(monkeypatch, "proven")
+    assert "flashinfer.norm.fused_add_rmsnorm" in layer["registered"]
+    assert layer["not_registered"][off]["reason"] == (
+        f"off under {GATE}=proven (the default): not proven on a GPU for this release (declared/proven.py): "
+        "set it to all")
+
+
+def test_the_gate_off_reads_nothing_and_says_so(monkeypatch):
+    layer = _reapply(monkeypatch, "off")
+    assert (layer["state"], layer["scanned"], layer["counts"]["declared"], layer["helpers"]) == (
+        "off", "nothing (the gate is off)", 0, [])
+
+
+def test_a_reverted_layer_says_so():
+    """What a layer's import hook reads when torch._dynamo comes after revert (and what describe() shows)."""
+    layer = declared_ops.apply("off", VERSION)
+    declared_ops.revert(layer)
+    assert declared_ops.describe(layer)["state"] == "reverted"
+
+
+# --- the wait for torch._dynamo --------------------------------------------------------------------------------
+
+
+def _applied_before_dynamo(apply, monkeypatch, gate="sglang"):
+    """A layer applied as at start-up, while torch._dynamo is not imported yet. The test process imported it
+    long ago: it is out of sys.modules while the layer applies, and wrapt's notification, which its import
+    finder sends when the import completes, stands in for the import."""
+    with monkeypatch.context() as patch:
+        patch.delitem(sys.modules, "torch._dynamo")
+        layer = apply(gate)
+        before = declared_ops.describe(layer)
+    return layer, before
+
+
+def test_a_layer_applied_before_torch_dynamo_waits_then_registers_when_it_is_imported(own_layers, monkeypatch):
+    layer, before = _applied_before_dynamo(own_layers, monkeypatch)
+    assert (before["state"], before["scanned"], before["counts"]["declared"], before["registered"]) == (
+        "waiting for torch._dynamo to be imported", "not yet", 0, {})
+    wrapt.notify_module_loaded(sys.modules["torch._dynamo"])
+    after = declared_ops.describe(layer)
+    assert (after["state"], after["scanned"], set(after["registered"])) == (
+        "registered", f"the sglang gate's modules: {SGLANG_MODULES}", SGLANG_KEYS)
+
+
+def test_a_failure_when_torch_dynamo_is_imported_is_logged_and_recorded_not_raised(own_layers, monkeypatch, caplog):
+    """The user's program is importing torch._dynamo (typically inside torch.compile): the layer's failure must
+    not become theirs. It is in status() and in one warning."""
+    layer, _ = _applied_before_dynamo(own_layers, monkeypatch)
+
+    monkeypatch.setattr(declared_build.Registrar, "__init__", _no_fragment)
+    with caplog.at_level("WARNING", logger=LOGGER):
+        wrapt.notify_module_loaded(sys.modules["torch._dynamo"])  # returns: the import goes on
+    state = "failed: RuntimeError: injected: the fragment could not be made"
+    assert declared_ops.describe(layer)["state"] == state
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        f"fp4_dynamo_shim: FlashInfer's declared ops were not registered: {state}"]
+
+
+# --- failures while registering -----------------------------------------------------------------------------
+
+
+def _no_fragment(self, layer):
+    raise RuntimeError("injected: the fragment could not be made")
+
+
+def test_a_failure_while_registering_with_torch_dynamo_imported_refuses_the_apply(monkeypatch):
+    """Not a failure of one op (those are listed): with torch._dynamo already imported the layer registers
+    inside apply(), so the failure is apply's, which undoes the layers before it and reports it."""
+    monkeypatch.setattr(declared_build.Registrar, "__init__", _no_fragment)
+    status = apply_with(monkeypatch, FLASHINFER_OPS="sglang")
+    assert not status["applied"]
+    assert "RuntimeError: injected: the fragment could not be made" in status["problem"]
+
+
+class _Interrupted(BaseException):
+    """What a KeyboardInterrupt is to the layer: no Exception, so no per-op handler takes it."""
+
+
+def test_an_interruption_while_registering_takes_back_what_was_already_done(own_layers, monkeypatch):
+    """Interrupted while handing the polyfills to Dynamo: the one already installed is taken back and the
+    ops are destroyed, so Dynamo does not go on tracing FlashInfer's function into an op of a layer nobody
+    holds."""
+    install, installed = polyfill.install, []
+
+    def interrupted_at_the_second(original, traceable):
+        installed.append(original)
+        if len(installed) == 2:
+            raise _Interrupted()
+        return install(original, traceable)
+
+    monkeypatch.setattr(polyfill, "install", interrupted_at_the_second)
+    with pytest.raises(_Interrupted):
+        own_layers("sglang")
+    assert installed[0] is flashinfer.norm.rmsnorm_quant  # installed before the interruption...
+    assert not polyfill.is_polyfilled(flashinfer.norm.rmsnorm_quant)  # ...and taken back
+    assert not hasattr(_namespace(), "rmsnorm_quant") and not hasattr(_namespace(), "layernorm")
+
+
+# --- the device-query helpers ---------------------------------------------------------------------------------
+
+
+def test_a_release_without_one_helper_polyfills_the_other(monkeypatch):
+    """``_blackwell_softmax_capability`` is 0.7.x's only: an earlier release has no such function."""
+    monkeypatch.delattr(flashinfer.sampling, "_blackwell_softmax_capability")
+    layer = _reapply(monkeypatch, "sglang")
+    assert layer["helpers"] == ["flashinfer.utils.get_compute_capability"] and layer["failed"] == []
+
+
+def test_a_helper_flashinfer_did_not_cache_is_polyfilled_itself(monkeypatch):
+    plain = flashinfer.utils.get_compute_capability.__wrapped__
+    monkeypatch.setattr(flashinfer.utils, "get_compute_capability", plain)  # no functools.cache around it
+    layer = _reapply(monkeypatch, "sglang")
+    assert layer["failed"] == [] and layer["helpers"] == HELPERS
+    assert polyfill.is_polyfilled(plain)
+
+
+def test_a_helper_another_library_already_substitutes_fails_every_op_it_serves(monkeypatch, caplog):
+    """Dynamo holds one polyfill per function: the ops that reach the device query under tracing are listed as
+    failed, with the helper's name, and the shim stays applied (not STRICT)."""
+    original = flashinfer.utils.get_compute_capability.__wrapped__
+    fp4_dynamo_shim.revert()
+    undo = polyfill.install(original, lambda device: (8, 0))  # the other library's
+    try:
+        with caplog.at_level("WARNING", logger=LOGGER):
+            layer = _reapply(monkeypatch, "sglang")
+        assert layer["registered"] == {} and layer["failed"] == sorted(SGLANG_KEYS)
+        for key in SGLANG_KEYS:
+            assert layer["not_registered"][key]["kind"] == "failed"
+            assert layer["not_registered"][key]["reason"].startswith(
+                "polyfill for flashinfer.utils.get_compute_capability: ValueError: "), key
+    finally:
+        fp4_dynamo_shim.revert()
+        undo()
+    assert fp4_dynamo_shim.apply()
+
+
+def test_capabilities_are_read_at_apply_for_every_visible_gpu(own_layers, monkeypatch):
+    """Stand-in: two GPUs of different capabilities (a CPU-only torch has none); only the layer's apply sees
+    them, since it is the one that asks."""
+    monkeypatch.setattr(declared_ops, "CAPABILITIES", {})
+    gpus = {0: (9, 0), 1: (10, 0)}
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: True)
+        patch.setattr(torch.cuda, "device_count", lambda: 2)
+        patch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[0 if device is None else device])
+        layer = own_layers("sglang")
+    assert declared_ops.describe(layer)["failed"] == []
+    assert declared_ops.CAPABILITIES == gpus
+
+
+def test_the_traced_device_query_answers_from_the_capabilities_read_at_apply(monkeypatch):
+    """What Dynamo traces for ``get_compute_capability``: the recorded capability of the device's index, or
+    of the current device for a bare "cuda", and FlashInfer's own error for any other device. Stand-ins: the
+    two GPUs' capabilities and the current device (1), which a CPU-only torch cannot give."""
+    monkeypatch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))
+    monkeypatch.setitem(declared_ops.CAPABILITIES, 1, (10, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    query = flashinfer.utils.get_compute_capability
+
+    def capabilities(x):
+        try:
+            query(torch.device("cpu"))
+        except ValueError as error:
+            refused = error.args
+        return x + 1, query(torch.device("cuda", 0)), query(torch.device("cuda")), refused
+
+    assert polyfill.is_polyfilled(query.__wrapped__)
+    _, first, current, refused = torch.compile(capabilities, fullgraph=True, backend="eager")(torch.zeros(1))
+    assert (first, current, refused) == ((9, 0), (10, 0), ("device must be a cuda device",))
+
+
+# --- a release's cases, on a stand-in release ----------------------------------------------------------------
+
+CASES = DECORATORS + '''
+NAME = "PREFIX_computed"
+WRITES = ("out",)
+
+@register_custom_op("flashinfer::PREFIX_plain", mutates_args=())
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+@register_fake_op("flashinfer::PREFIX_plain")
+def _plain_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+@register_custom_op("flashinfer::PREFIX_own", mutates_args=())
+def _own(x: torch.Tensor) -> None:
+    pass
+
+@register_custom_op("flashinfer::PREFIX_untyped", mutates_args=("out",))
+def _untyped(out: torch.Tensor, x: typing.Any) -> None:
+    pass
+
+@register_custom_op(f"flashinfer::{NAME}", mutates_args=())
+def _computed(x: torch.Tensor) -> None:
+    pass
+
+@register_custom_op("flashinfer::PREFIX_written", mutates_args=WRITES)
+def _written(out: torch.Tensor) -> None:
+    pass
+
+def outer():
+    def inner():
+        @register_custom_op("flashinfer::PREFIX_deep", mutates_args=())
+        def _deep(x: torch.Tensor) -> None:
+            pass
+        return _deep
+    return inner
+
+@functools.cache
+def get_module(kind: str = "silu"):
+    fname = f"{kind}_PREFIX"
+
+    @register_custom_op(f"flashinfer::{fname}", mutates_args=())
+    def _op(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    @register_fake_op(f"flashinfer::{fname}")
+    def _fake_op(x: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    return SimpleNamespace(**{fname: _op})
+
+@functools.cache
+def get_fp4_quantization_module(backend: str = "100"):
+    @register_custom_op("flashinfer::fp4_quantize_sm100", mutates_args=())
+    def fp4_quantize_sm100(x: torch.Tensor) -> None:
+        pass
+
+    @register_custom_op("flashinfer::PREFIX_fp4_other", mutates_args=())
+    def fp4_other(x: torch.Tensor) -> None:
+        pass
+
+    return SimpleNamespace(fp4_quantize_sm100=fp4_quantize_sm100, fp4_other=fp4_other)
+
+@functools.cache
+def get_broken_module():
+    @register_custom_op("flashinfer::PREFIX_first", mutates_args=("x",))
+    def _first(x: torch.Tensor) -> None:
+        pass
+
+    @register_custom_op("flashinfer::PREFIX_second", mutates_args=("x",))
+    def _second(x: torch.Tensor) -> None:
+        pass
+
+    @register_custom_op("flashinfer::PREFIX_unfaked", mutates_args=())
+    def _unfaked(x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    return SimpleNamespace(first=_first, second=_second, unfaked=_unfaked)
+'''
+
+COMM = DECORATORS + '''
+@register_custom_op("flashinfer::PREFIX_all_reduce", mutates_args=("x",))
+def _all_reduce(x: torch.Tensor) -> None:
+    pass
+'''
+
+PREFIX = "layer_cases"
+MODULE, COMM_MODULE = f"flashinfer.{PREFIX}", f"flashinfer.comm.{PREFIX}"
+
+
+@pytest.fixture
+def stand_in_release(own_layers, tmp_path, monkeypatch):
+    """``apply(gate)``: the layer applied to a FlashInfer-like package in tmp_path (its ``__init__.py`` is what
+    ``flashinfer.__file__`` names while the layer reads), whose ``layer_cases`` module is imported (executed
+    here) and whose ``comm/layer_cases.py`` is not; ``flashinfer::layer_cases_own`` is an op FlashInfer
+    registered itself."""
+    package = tmp_path / "flashinfer"
+    (package / "comm").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    source = CASES.replace("PREFIX", PREFIX)
+    (package / f"{PREFIX}.py").write_text(source)
+    (package / "comm" / f"{PREFIX}.py").write_text(COMM.replace("PREFIX", PREFIX))
+    module = types.ModuleType(MODULE)
+    module.__file__ = str(package / f"{PREFIX}.py")
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    own = torch.library.Library("flashinfer", "FRAGMENT")
+    own.define(f"{PREFIX}_own(Tensor x) -> ()")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(sys.modules, MODULE, module)
+        patch.setattr(flashinfer, "__file__", str(package / "__init__.py"))
+        try:
+            yield lambda gate="all": own_layers(gate)
+        finally:
+            own._destroy()
+
+
+def _key(name, scope=()):
+    return ".".join((MODULE, *scope, name))
+
+
+def _failing_broken_getter(monkeypatch):
+    """get_broken_module's polyfill is built, then goes wrong (as a generated namespace that does not compile
+    would): the members it had built must not stay registered, the one it had refused keeps its reason."""
+    getter = declared_build.getter
+
+    def failing(layer, registrar, members, module, facts):
+        getter(layer, registrar, members, module, facts)
+        if facts.getter == "get_broken_module":
+            raise RuntimeError("injected: the polyfill did not compile")
+
+    monkeypatch.setattr(declared_build, "getter", failing)
+
+
+def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reason(stand_in_release, monkeypatch):
+    _failing_broken_getter(monkeypatch)
+    layer = declared_ops.describe(stand_in_release())
+    assert (layer["state"], layer["scanned"]) == ("registered", "every file of the package")
+    refused = {key: (entry["kind"], entry["reason"]) for key, entry in layer["not_registered"].items()}
+    assert refused[_key("_own")] == (
+        "FlashInfer's own op", f"flashinfer::{PREFIX}_own is already a registered op in this process (FlashInfer's own)")
+    assert refused[_key("_untyped")] == ("not expressible", "schema: Parameter x has unsupported type typing.Any")
+    assert refused[_key("_computed")] == ("not expressible", "op name computed at run time (f'flashinfer::{NAME}')")
+    assert refused[_key("_written")] == ("not expressible", "mutates_args is not a literal")
+    assert refused[_key("_deep", ("outer", "inner"))] == (
+        "not expressible", "declared inside outer.inner, which no module-level getter returns")
+    fp4 = ("get_fp4_quantization_module",)
+    assert refused[_key("fp4_quantize_sm100", fp4)] == (
+        "covered by the FP4 layer", "covered by the FP4 family (family.py, family_ops.py, ops.py)")
+    assert refused[_key("fp4_other", fp4)][0] == "covered by the FP4 layer"
+    assert refused[_key("fp4_other", fp4)][1].startswith("in get_fp4_quantization_module, which the FP4 layer owns")
+    assert refused[f"{COMM_MODULE}._all_reduce"] == (
+        "out of scope", "distributed communication (process groups, IPC handles, shared workspaces): outside a "
+                        "single-GPU traced region; out of scope")
+    # A getter's computed name is the getter's business: the op is named after the function.
+    assert layer["registered"] == {_key("_plain"): f"{declared_ops.NAMESPACE}::{PREFIX}_plain",
+                                   _key("_op", ("get_module",)): f"{declared_ops.NAMESPACE}::op"}
+    assert sorted(layer["by_module"]) == [COMM_MODULE, MODULE]
+
+
+def test_a_getter_whose_polyfill_fails_lists_the_members_it_had_built_as_failed(stand_in_release, monkeypatch,
+                                                                               caplog):
+    """Not STRICT (the layer's default): listed and warned once, the layer stays registered."""
+    _failing_broken_getter(monkeypatch)
+    with caplog.at_level("WARNING", logger=LOGGER):
+        layer = declared_ops.describe(stand_in_release())
+    broken = ("get_broken_module",)
+    first, second = _key("_first", broken), _key("_second", broken)
+    reason = "get_broken_module's polyfill: RuntimeError: injected: the polyfill did not compile"
+    assert layer["state"] == "registered" and layer["failed"] == [first, second]
+    assert layer["not_registered"][first] == layer["not_registered"][second] == {"kind": "failed", "reason": reason}
+    assert layer["not_registered"][_key("_unfaked", broken)] == {
+        "kind": "not expressible", "reason": "returns a value and FlashInfer wrote no fake for it"}
+    assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
+        "fp4_dynamo_shim: 2 of FlashInfer's declared ops failed to register and stay untraceable "
+        f"(status()['flashinfer_ops']['failed']): {first}: {reason}; {second}: {reason}"]
