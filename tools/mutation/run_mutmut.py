@@ -14,6 +14,9 @@ the killed ratio per module, listed mutants excluded.
     python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N
         # CI: 40 mutants the committed run killed, from 3 groups chosen by N (CI takes it from the commit);
         # fails when one of them now survives
+    python tools/mutation/run_mutmut.py --module layout --survivors --save
+        # only what the group's committed run left standing, with today's tests (added since), merged into
+        # that run; refused when the group's source changed since its commit (the mutants would not be the same)
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -156,7 +159,8 @@ GROUPS = (  # cheapest first
         "declared/polyfill": ["_fp4_dynamo_shim.declared.polyfill.*"],
     }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py",
         "tests/declared/test_declared_rules.py", "tests/declared/test_declared_fakes.py",
-        "tests/declared/test_declared_getter.py")),
+        "tests/declared/test_declared_getter.py", "tests/declared/test_declared_scan_cases.py",
+        "tests/declared/test_declared_layer_cases.py", "tests/declared/test_declared_polyfill_cases.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
@@ -342,10 +346,50 @@ def table(listed: dict) -> str:
             kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
             scored = len(names) - kinds["equivalent"]
             killed = len(names) - len(survivors)
-            lines.append(f"| {group.name} ({run['commit'].split()[0]}, {run['date']}, {run['seconds']} s) | {module} "
+            rerun = run.get("survivors_rerun")
+            when = f"{run['commit'].split()[0]}, {run['date']}, {run['seconds']} s" + (
+                f"; survivors rerun {rerun['commit'].split()[0]}, {rerun['date']}, {rerun['seconds']} s" if rerun else "")
+            lines.append(f"| {group.name} ({when}) | {module} "
                          f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} | {kinds['open']} "
                          f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % |")
     return "\n".join(lines)
+
+
+def why_not_the_same_mutants(group: Group, run: dict):
+    """None when the group's files are those of its committed run's commit (a survivors-only rerun is valid only
+    over the same mutants, so over the same source); else why not."""
+    if "uncommitted" in run["commit"]:
+        return f"its run at {run['commit']} copied a tree with uncommitted changes, which cannot be compared"
+    changed = subprocess.run(["git", "diff", "--name-only", run["commit"], "--", *group_files(group)], cwd=ROOT,
+                             capture_output=True, text=True)
+    if changed.returncode != 0:
+        return f"git cannot compare with {run['commit']}: {changed.stderr.strip()}"
+    if changed.stdout.split():
+        return f"{', '.join(changed.stdout.split())} changed since its run at {run['commit']}"
+    return None
+
+
+def merge_survivors(outcome: dict, diffs: dict, seconds: dict, listed: dict, copied_at: str) -> None:
+    """Write a survivors-only rerun into mutmut_results.json: each rerun mutant's status replaces the committed
+    one (tests were only added, so a mutant killed then is killed now and is not rerun), and the group's run
+    records the rerun beside the full run it completes."""
+    record = json.loads(RESULTS.read_text())
+    for name, status in outcome.items():
+        record["mutants"][name] = status
+        if status in KILLED:
+            record["not_killed"].pop(name, None)
+        else:
+            record["not_killed"][name] = diffs.get(name, record["not_killed"].get(name, ""))
+    for group in GROUPS:
+        if group.name in seconds:
+            record["groups"][group.name]["survivors_rerun"] = {
+                "date": datetime.date.today().isoformat(), "commit": copied_at,
+                "seconds": round(seconds[group.name]),
+                "mutants": sum(module_of(n) in group.modules for n in outcome)}
+    all_modules = [m for g in GROUPS for m in g.modules]
+    record["scores"] = scores_of(record["mutants"], listed, all_modules)
+    RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {RESULTS.relative_to(ROOT)} (survivors rerun)")
 
 
 def main() -> int:
@@ -359,6 +403,9 @@ def main() -> int:
     parser.add_argument("--sample-groups", type=int, default=None, metavar="K",
                         help="draw the sample from K groups chosen by the seed (each group costs about 40 s of "
                              "set-up, whatever its share of the sample)")
+    parser.add_argument("--survivors", action="store_true",
+                        help="only the mutants each group's committed run left standing, with today's tests; with "
+                             "--save, merged into that run (refused when the group's source changed since it)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--save", action="store_true",
                         help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
@@ -389,8 +436,19 @@ def main() -> int:
         names_by_group = {g.name: [n for n in selected if module_of(n) in g.modules] for g in groups}
     elif options.mutant:
         names_by_group = {g.name: options.mutant for g in groups}
+    elif options.survivors:
+        record = json.loads(RESULTS.read_text())
+        for group in groups:
+            run = record["groups"].get(group.name)
+            if run is None:
+                raise SystemExit(f"[{group.name}] has no committed run to complete: run it whole")
+            why = why_not_the_same_mutants(group, run)
+            if why:
+                raise SystemExit(f"[{group.name}] {why}: its mutants may not be the same ones, run the group whole")
+        names_by_group = {g.name: sorted(n for n, status in record["mutants"].items()
+                                         if module_of(n) in g.modules and status not in KILLED) for g in groups}
     names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
-    partial = bool(options.sample or options.mutant)
+    partial = bool(options.sample or options.mutant or options.survivors)
     copied_at = commit()  # the tree each group copies is this one, whatever is committed while it runs
     started = time.perf_counter()
     scratch = options.keep or Path(tempfile.mkdtemp(prefix="fp4-mutmut-"))
@@ -449,7 +507,9 @@ def main() -> int:
     print(f"({time.perf_counter() - started:.0f} s)")
     for problem in problems:
         print("PROBLEM", problem)
-    if options.save and not partial and seconds:  # only groups that produced results are merged
+    if options.save and options.survivors and seconds:
+        merge_survivors(outcome, diffs, seconds, listed, copied_at)
+    elif options.save and not partial and seconds:  # only groups that produced results are merged
         save(outcome, diffs, seconds, groups, listed, options.max_children, copied_at)
     return 1 if problems else 0
 
