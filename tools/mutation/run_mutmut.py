@@ -15,7 +15,7 @@ the killed ratio per module, listed mutants excluded.
         # CI: 40 mutants the committed run killed, from 3 groups chosen by N (CI takes it from the commit);
         # fails when one of them now survives
     python tools/mutation/run_mutmut.py --module layout --survivors --save
-        # only what the group's committed run left standing, with today's tests (added since), merged into
+        # only what the module's committed run left standing, with today's tests (added since), merged into
         # that run; refused when the group's source changed since its commit (the mutants would not be the same)
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
@@ -404,8 +404,9 @@ def main() -> int:
                         help="draw the sample from K groups chosen by the seed (each group costs about 40 s of "
                              "set-up, whatever its share of the sample)")
     parser.add_argument("--survivors", action="store_true",
-                        help="only the mutants each group's committed run left standing, with today's tests; with "
-                             "--save, merged into that run (refused when the group's source changed since it)")
+                        help="only the mutants each group's committed run left standing (of the --module ones "
+                             "when named), with today's tests; with --save, merged into that run (refused when "
+                             "the group's source changed since it)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--save", action="store_true",
                         help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
@@ -445,8 +446,10 @@ def main() -> int:
             why = why_not_the_same_mutants(group, run)
             if why:
                 raise SystemExit(f"[{group.name}] {why}: its mutants may not be the same ones, run the group whole")
+        wanted = set(options.module or modules)  # the named modules' survivors, not their whole groups'
         names_by_group = {g.name: sorted(n for n, status in record["mutants"].items()
-                                         if module_of(n) in g.modules and status not in KILLED) for g in groups}
+                                         if module_of(n) in g.modules and module_of(n) in wanted
+                                         and status not in KILLED) for g in groups}
     names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
     partial = bool(options.sample or options.mutant or options.survivors)
     copied_at = commit()  # the tree each group copies is this one, whatever is committed while it runs
