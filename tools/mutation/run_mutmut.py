@@ -160,7 +160,8 @@ GROUPS = (  # cheapest first
     }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py",
         "tests/declared/test_declared_rules.py", "tests/declared/test_declared_fakes.py",
         "tests/declared/test_declared_getter.py", "tests/declared/test_declared_scan_cases.py",
-        "tests/declared/test_declared_layer_cases.py", "tests/declared/test_declared_polyfill_cases.py")),
+        "tests/declared/test_declared_layer_cases.py", "tests/declared/test_declared_polyfill_cases.py",
+        "tests/declared/test_declared_codegen_cases.py", "tests/declared/test_declared_build_cases.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
