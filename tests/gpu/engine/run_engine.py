@@ -133,6 +133,8 @@ def main() -> int:
         result["started"] = True
     except Exception as error:  # the failure is the result (the shim-off run expects one)
         result.update(started=False, error=f"{type(error).__name__}: {error}")
+        if options.decode_turns:  # counted as ready, so the engines that did start do not wait 300 s for this one
+            _mark_ready(options.decode_turns)
     finally:
         with open(options.out, "w") as stream:
             json.dump(result, stream)
@@ -145,15 +147,20 @@ def main() -> int:
     return 0
 
 
+def _mark_ready(turns: str) -> tuple:
+    directory, count = turns.rsplit(":", 1)
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    Path(directory, f"ready-{os.getpid()}").touch()
+    return directory, count
+
+
 @contextlib.contextmanager
 def _decode_turn(turns: str | None, result: dict):
     """Hold the GPU alone while timing: every engine of the run is ready (or 300 s passed), then one at a time."""
     if not turns:
         yield
         return
-    directory, count = turns.rsplit(":", 1)
-    Path(directory).mkdir(parents=True, exist_ok=True)
-    Path(directory, f"ready-{os.getpid()}").touch()
+    directory, count = _mark_ready(turns)
     deadline = time.monotonic() + 300
     while len(list(Path(directory).glob("ready-*"))) < int(count) and time.monotonic() < deadline:
         time.sleep(1)
