@@ -62,3 +62,30 @@ def test_fetch_shim_builds_the_wheel_in_a_fresh_venv_with_only_pip(tmp_path):
                             env={**os.environ, "PATH": path, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     assert [p.name for p in (copy / ".ourwheel").glob("fp4_dynamo_shim-*.whl")], result.stdout
+
+
+def test_graph_break_count_counts_each_logged_break_once_at_the_place_dynamo_names():
+    """Lines as TORCH_LOGS=graph_breaks wrote them on the H200 (SGLang 0.5.14, FlashInfer attention): each break's
+    explanation and hints say "graph break" again, and a counter that matched those counted 98 breaks for 31."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("graph_breaks", ROOT / "tools" / "gpu" / "graph_breaks.py")
+    graph_breaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph_breaks)
+    prefix = "[rank0]:V1203 16:00:17.863000 4281 torch/_dynamo/symbolic_convert.py:5127]"
+    log = "\n".join(f"{prefix} [{frame}] [__graph_breaks] {text}" for frame, text in [
+        ("13/0", "Graph break in user code at /tmp/site14/flashinfer/decode.py:269"),
+        ("13/0", "Graph Break Reason: Encountered graph break when attempting to trace CALL: a function call"),
+        ("13/0", " For more details about this graph break, please visit: https://meta-pytorch.github.io/gb0156"),
+        ("14/0", "Graph break (user stack suppressed due to duplicate graph break) in user code at "
+                 "/tmp/site14/flashinfer/decode.py:269"),
+        ("10/0", "Graph break (user stack suppressed due to duplicate graph break) in user code at "
+                 "/opt/torch/site-packages/torch/_dynamo/polyfills/__init__.py:528"),
+        ("2/0", "*** While handling this graph break, another graph break occurred: ***"),
+        ("2/0", "  File \"/tmp/site14/flashinfer/decode.py\", line 269, in run_batch_decode"),
+    ])
+    run = {"log_text": "Capturing batches (bs=2):  33%|" + log, "schedulers": [{"shim": {"applied": True}}]}
+    summary = graph_breaks.summarise(run)
+    assert summary["breaks_at"] == {"/tmp/site14/flashinfer/decode.py:269": 2,
+                                    "/opt/torch/site-packages/torch/_dynamo/polyfills/__init__.py:528": 1}
+    assert (summary["graph_breaks"], summary["flashinfer_breaks"]) == (3, 2)

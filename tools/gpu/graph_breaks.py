@@ -2,28 +2,28 @@
 fullgraph): how many Dynamo graph breaks, how many of them FlashInfer's, and the decode throughput, with and
 without the shim and with the declared-ops gate at each value.
 
-    bash tools/gpu/stage.sh kernel-0.5.14; bash tools/gpu/stage.sh engine-0.5.14 w1; ... w2   (three calls)
+    (0.5.14 staged by tools/gpu/stage.sh, in the calls docs/testing.md lists)
     PYTHONPATH=/tmp/site14:src python3 tools/gpu/graph_breaks.py $OUT/breaks [qwen3 [case,case,...]]
+    python3 tools/gpu/graph_breaks.py --count LOG...      (recount logs a run brought back)
 
 Each case is one engine (``tests/gpu/engine/run_engine.py --torch-compile --decode-tokens 64``) with
 ``TORCH_LOGS=graph_breaks``; all start at once (the breaks are counted while compiling), and each times
-its decode (best of three) alone, once every engine is ready (``--decode-turns``); a break
-is FlashInfer's when its logged block names a ``flashinfer`` file. Writes
-``breaks.json`` (per case: breaks, FlashInfer's breaks with their first lines, decode tokens/s), rewritten as
-each case ends, so a run its call's limit stops keeps the cases done. Six engines compiling at once on the
-H200's 16 cores were not all ready after 250 s (2026-12-03): name fewer cases per call when time is short.
+its decode (best of three) alone, once every engine is ready (``--decode-turns``). A break is counted once,
+at the place Dynamo names (the innermost user frame), and is FlashInfer's when that place is a file of the
+``flashinfer`` package. Writes ``breaks.json`` (per case: breaks, FlashInfer's, the count at each place,
+decode tokens/s) and each case's log, rewritten as each case ends, so a run its call's limit stops keeps the
+cases done. Six engines compiling at once on the H200's 16 cores were not all ready after 250 s; three were
+ready and timed in 186 s (2026-12-03): name at most three cases per call.
 """
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import json
 import re
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
-import test_gpu_engine as engine_test  # noqa: E402  (its engine runner and checkpoints)
 
 SHIM = {"FP4_DYNAMO_SHIM_FALLBACK": "reference", "TORCH_LOGS": "graph_breaks"}
 CASES = {  # name: (extra runner arguments, environment)
@@ -35,23 +35,22 @@ CASES = {  # name: (extra runner arguments, environment)
                                                                    "TORCH_LOGS": "graph_breaks"}),
     "shim-proven-flashinfer": (["--attention-backend", "flashinfer"], SHIM),
 }
-BREAK = re.compile(r"graph break", re.I)
+#: One logged break: Dynamo writes this line once per break (the explanation, hints and traceback follow on
+#: lines that say "graph break" too, so counting those counts one break several times).
+BREAK = re.compile(r"\[__graph_breaks\] Graph break (?:\(user stack suppressed[^)]*\) )?in user code at (\S+)")
 
 
-def breaks_in(log_text: str) -> list:
-    """Each logged graph break as its block of lines (up to the next break, at most 40 lines)."""
-    lines = log_text.splitlines()
-    starts = [i for i, line in enumerate(lines) if BREAK.search(line)]
-    return ["\n".join(lines[s:min(s + 40, *(n for n in starts if n > s), len(lines))]) for s in starts]
+def breaks_at(log_text: str) -> collections.Counter:
+    """How many breaks were logged at each place (the file and line of the innermost user frame)."""
+    return collections.Counter(BREAK.findall(log_text))
 
 
 def summarise(run: dict) -> dict:
-    blocks = breaks_in(run["log_text"])
-    theirs = [b for b in blocks if "flashinfer" in b.lower()]
+    places = breaks_at(run["log_text"])
+    theirs = {place: n for place, n in places.items() if "/flashinfer/" in place}
     return {"started": bool(run.get("started")), "error": run.get("error"),
-            "graph_breaks": len(blocks), "flashinfer_breaks": len(theirs),
-            "flashinfer_first_lines": sorted({b.splitlines()[0][:300] for b in theirs}),
-            "other_first_lines": sorted({b.splitlines()[0][:300] for b in blocks if b not in theirs})[:20],
+            "graph_breaks": sum(places.values()), "flashinfer_breaks": sum(theirs.values()),
+            "breaks_at": dict(places.most_common()),
             "decode_tokens_per_s": run.get("decode_tokens_per_s"),
             "shim_applied": [s.get("shim", {}).get("applied") for s in run["schedulers"]]}
 
@@ -61,6 +60,9 @@ def main(out: Path, architecture: str, names: list) -> int:
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; the cases are {', '.join(CASES)}")
     out.mkdir(parents=True, exist_ok=True)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
+    import test_gpu_engine as engine_test  # its engine runner and checkpoints (on the GPU machine only)
+
     turns = out / "decode-turns"  # the engines start together; each times its decode alone on the GPU
     model = engine_test.checkpoints.write_checkpoint(architecture, Path("/tmp/graph-breaks-model") / architecture)
     for name in names:
@@ -76,11 +78,14 @@ def main(out: Path, architecture: str, names: list) -> int:
             summary[name] = summarise(run)
             (out / f"{name}.log").write_text(run["log_text"][-300000:])
             (out / "breaks.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps({k: {kk: v for kk, v in r.items() if kk != "other_first_lines"} for k, r in summary.items()},
-                     indent=1))
+    print(json.dumps(summary, indent=1))
     return 0
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--count"]:
+        print(json.dumps({log: dict(breaks_at(Path(log).read_text(errors="replace")).most_common())
+                          for log in sys.argv[2:]}, indent=1))
+        sys.exit(0)
     sys.exit(main(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else "qwen3",
                   sys.argv[3].split(",") if len(sys.argv) > 3 else list(CASES)))
