@@ -347,9 +347,9 @@ def table(listed: dict) -> str:
             kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
             scored = len(names) - kinds["equivalent"]
             killed = len(names) - len(survivors)
-            rerun = run.get("survivors_rerun")
-            when = f"{run['commit'].split()[0]}, {run['date']}, {run['seconds']} s" + (
-                f"; survivors rerun {rerun['commit'].split()[0]}, {rerun['date']}, {rerun['seconds']} s" if rerun else "")
+            reruns = [r for r in run.get("survivors_reruns", []) if module in r["modules"]]
+            when = f"{run['commit'].split()[0]}, {run['date']}, {run['seconds']} s" + "".join(
+                f"; survivors rerun {r['commit'].split()[0]}, {r['date']}, {r['seconds']} s" for r in reruns)
             lines.append(f"| {group.name} ({when}) | {module} "
                          f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} | {kinds['open']} "
                          f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % |")
@@ -383,10 +383,11 @@ def merge_survivors(outcome: dict, diffs: dict, seconds: dict, listed: dict, cop
             record["not_killed"][name] = diffs.get(name, record["not_killed"].get(name, ""))
     for group in GROUPS:
         if group.name in seconds:
-            record["groups"][group.name]["survivors_rerun"] = {
+            rerun = [n for n in outcome if module_of(n) in group.modules]
+            record["groups"][group.name].setdefault("survivors_reruns", []).append({
                 "date": datetime.date.today().isoformat(), "commit": copied_at,
-                "seconds": round(seconds[group.name]),
-                "mutants": sum(module_of(n) in group.modules for n in outcome)}
+                "seconds": round(seconds[group.name]), "mutants": len(rerun),
+                "modules": sorted({module_of(n) for n in rerun})})
     all_modules = [m for g in GROUPS for m in g.modules]
     record["scores"] = scores_of(record["mutants"], listed, all_modules)
     RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
