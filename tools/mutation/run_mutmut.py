@@ -118,7 +118,7 @@ GROUPS = (  # cheapest first
         "family": ["_fp4_dynamo_shim.fp4.family.*"],
     }, ("tests/fp4/test_family.py", "tests/fp4/test_family_arithmetic.py", "tests/fp4/test_layouts.py",
         "tests/fp4/test_family_table.py", "tests/fp4/test_family_parity.py", "tests/fp4/test_family_checks.py",
-        "tests/fp4/test_family_kernel.py",
+        "tests/fp4/test_family_kernel.py", "tests/fp4/test_family_cases.py",
         "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
         *_STATUS_PROPERTY)),
     Group("tracing", {
