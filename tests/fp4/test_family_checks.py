@@ -112,3 +112,44 @@ ACCEPTED = [
 @pytest.mark.parametrize("check, args", ACCEPTED, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(ACCEPTED)])
 def test_what_each_check_lets_through(check, args):
     assert check(*args) is None
+
+
+def test_the_ops_hand_their_check_the_flags_it_reads():
+    """The fake (meta tensors) and the reference (CPU tensors) each run the check with the op's own
+    arguments: silu_and_mul halves the columns the check measures, so 48 columns pass without it and are
+    refused with it, on both paths."""
+    experts = family_ops.op("fp4_experts_quantize")
+    for device in ("cpu", "meta"):
+        arguments = (torch.zeros(2, 4, 48, dtype=BF16, device=device), torch.ones(2, device=device),
+                     torch.zeros(2, dtype=torch.int32, device=device))
+        with pytest.raises(InvalidArgumentError, match=f"{SILU}: the last dimension \\(24\\) must be a multiple of 16"):
+            experts(*arguments, True, 0)
+        experts(*arguments, False, 0)
+
+
+def test_host_dequantize_refuses_float_scales_beside_uint8_weights():
+    with pytest.raises(InvalidArgumentError, match="weight and scale must be 2-D uint8 tensors"):
+        family_ops._check_dequantize_host(t(2, 16, dtype=U8), t(2, 1), 32)
+
+
+def test_the_dequantize_fake_is_float32_whatever_the_default_dtype():
+    """FlashInfer's kernel writes float32; a fake that took torch's default dtype would tell the compiled graph
+    float64 after ``torch.set_default_dtype(torch.float64)``."""
+    dequantize = family_ops.op("e2m1_and_ufp8sf_scale_to_float")
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        values = dequantize(torch.zeros(2, 8, dtype=U8, device="meta"), torch.zeros(4, dtype=U8, device="meta"),
+                            torch.ones(1, device="meta", dtype=F32), 16, 1, False, False)
+    finally:
+        torch.set_default_dtype(previous)
+    assert (values.dtype, values.device.type, tuple(values.shape)) == (F32, "meta", (2, 16))
+
+
+def test_batched_quantize_passes_the_ue8m0_switch_to_the_reference():
+    """UE8M0 scales are powers of two, E4M3 ones are not in general: the same input gives other scale bytes."""
+    batched = family_ops.op("fp4_batched_quantize")
+    input = (torch.arange(2 * 4 * 32, dtype=F32).reshape(2, 4, 32) / 7 - 9).to(BF16)
+    _, e4m3_scales = batched(input, scale(), 16, False, 0)
+    _, ue8m0_scales = batched(input, scale(), 16, True, 0)
+    assert not torch.equal(e4m3_scales, ue8m0_scales)
