@@ -67,14 +67,6 @@ def test_silu_and_mul_product_is_rounded_to_the_input_dtype_before_quantizing():
     assert layout.unswizzle(sf[0].view(torch.uint8), 1, 1, False).tolist() == [[74]]
 
 
-def test_experts_quantize_writes_only_the_whole_rows_a_fractional_mask_covers():
-    # The mask is a row count, read as an integer: 1.5 covers row 0 only (the kernel takes int32 counts; the
-    # reference truncates anything else rather than comparing row indices with 1.5, which would admit row 1).
-    x = torch.full((1, 2, 16), 6.0, dtype=torch.bfloat16)
-    packed, _ = reference.experts_quantize(x, torch.tensor([1.0]), torch.tensor([1.5]), False)
-    assert packed.tolist() == [[[0x77] * 8, [0] * 8]]
-
-
 def test_unpack_nibbles_keeps_every_leading_dimension():
     # [2, 3, 1] bytes -> [2, 3, 2] codes, low nibble first; a 2-D input would not tell the leading dimensions
     # (all but the last) from the first one, nor the last dimension from the second.
@@ -111,10 +103,3 @@ def test_mm_fp4_reads_mxfp4_in_32_element_blocks_whatever_block_size_says():
     a, b, a_descale, b_descale = _mxfp4_operands()
     product = reference.mm_fp4(a, b, a_descale, b_descale, None, torch.float32, 16, False, False)
     assert product.tolist() == [[32.0]]
-
-
-def test_mm_fp4_scales_by_the_first_element_of_alpha():
-    # alpha is the one global scale, read as alpha.reshape(-1)[0]: a longer tensor gives its first element.
-    a, b, a_descale, b_descale = _mxfp4_operands()
-    product = reference.mm_fp4(a, b, a_descale, b_descale, torch.tensor([0.5, 4.0]), torch.float32, 32, False, False)
-    assert product.tolist() == [[16.0]]
