@@ -85,7 +85,8 @@ GROUPS = (  # cheapest first
         "reference": ["_fp4_dynamo_shim.fp4.reference.*"],
         "layout": ["_fp4_dynamo_shim.fp4.layout.*"],
     }, ("tests/fp4/test_reference.py", "tests/fp4/test_reference_cases.py", "tests/fp4/test_kernel_modes.py",
-        "tests/fp4/test_arithmetic.py", "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
+        "tests/fp4/test_arithmetic.py", "tests/fp4/test_arithmetic_cases.py", "tests/fp4/test_layouts.py",
+        "tests/fp4/test_properties.py",
         "tests/fp4/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
     Group("start-up and tables", {
         "switches": ["_fp4_dynamo_shim.switches.*"],
