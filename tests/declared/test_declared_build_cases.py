@@ -30,6 +30,7 @@ from _fp4_dynamo_shim.declared import build
 from _fp4_dynamo_shim.declared import scan as declared
 from _fp4_dynamo_shim.declared.codegen import NotExpressible, NotExpressibleError
 
+import flashinfer_like
 from flashinfer_like import NO_OP_DECORATORS
 
 _numbers = itertools.count()
@@ -106,14 +107,8 @@ def get_module(kind: str = "silu"):
 
 
 def _load(template: str, stem: str):
-    """(module, declarations by function, its getters' namespace facts, the name suffix) of ``template``
-    executed as a fresh flashinfer module whose op names carry a suffix of their own."""
-    prefix = f"{stem}_{next(_numbers)}"
-    source = template.replace("PREFIX", prefix)
-    module = types.ModuleType(f"flashinfer.{prefix}")
-    module.__file__ = f"/site-packages/flashinfer/{prefix}.py"
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    declarations, namespaces = declared.scan_source(source, module.__name__)
+    """flashinfer_like.load, with the declarations by function."""
+    module, declarations, namespaces, prefix = flashinfer_like.load(template, stem)
     return module, {d.function: d for d in declarations}, namespaces, prefix
 
 

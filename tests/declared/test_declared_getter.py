@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import itertools
-import types
 
 import pytest
 import torch
@@ -25,9 +23,9 @@ from _fp4_dynamo_shim.declared import scan as declared
 from _fp4_dynamo_shim.declared import codegen
 from _fp4_dynamo_shim.declared.codegen import NotExpressibleError
 
+import flashinfer_like
 from flashinfer_like import NO_OP_DECORATORS
 
-_numbers = itertools.count()
 
 SOURCE = NO_OP_DECORATORS + '''
 @functools.cache
@@ -53,23 +51,11 @@ def get_module(kind: str = "silu"):
 '''
 
 
-def _load(template: str, stem: str):
-    """(module, its declarations, its getters' namespace facts, the name suffix) of ``template`` executed as a
-    fresh flashinfer module whose names carry a suffix of their own (ops are process-wide)."""
-    prefix = f"{stem}_{next(_numbers)}"
-    source = template.replace("PREFIX", prefix)
-    module = types.ModuleType(f"flashinfer.{prefix}")
-    module.__file__ = f"/site-packages/flashinfer/{prefix}.py"
-    exec(compile(source, module.__file__, "exec"), module.__dict__)
-    declarations, namespaces = declared.scan_source(source, module.__name__)
-    return module, declarations, namespaces, prefix
-
-
 @pytest.fixture
 def example():
     """(module, declarations, namespace facts, layer, registrar, the module's name suffix); the layer is undone
     afterwards, which destroys its fragment."""
-    module, declarations, namespaces, prefix = _load(SOURCE, "getter_example")
+    module, declarations, namespaces, prefix = flashinfer_like.load(SOURCE, "getter_example")
     layer = build.Layer("all", "a test")
     registrar = build.Registrar(layer)
     yield module, declarations, namespaces[0], layer, registrar, prefix
@@ -173,7 +159,7 @@ def get_module(q_seq_len: int, *, tiles: int = 4):
 def test_a_getter_and_its_function_that_share_a_parameter_name_each_get_their_own_value():
     """As flashinfer.xqa's getter and ``xqa`` both take ``q_seq_len``: a call that gives the two different
     values must reach the module built for the getter's and run it with the function's."""
-    module, declarations, namespaces, _ = _load(SHARED_NAME, "getter_shared")
+    module, declarations, namespaces, _ = flashinfer_like.load(SHARED_NAME, "getter_shared")
     layer = build.Layer("all", "a test")
     try:
         members = _members(declarations)
