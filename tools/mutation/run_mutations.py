@@ -11,6 +11,8 @@ CI passes after its test stages).
     python tools/mutation/run_mutations.py --only NAME  # one or more by name
     python tools/mutation/run_mutations.py --gpu        # the GPU tests' mutations, on a GPU machine
     python tools/mutation/run_mutations.py --baseline-from reports/*.xml
+    python tools/mutation/run_mutations.py --gpu --from mutants.json --json kills.json
+        # generated mutants (gpu_mutants.py pack) in place of the curated list; each result written as it comes
 
 With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
 FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import importlib
+import json
 import os
 import signal
 import shutil
@@ -77,11 +80,15 @@ def _pytest_arguments(tests: tuple, report: Path) -> list:
 
 
 def failed_tests(report: Path) -> list:
+    """``classname::name: first line of the failure`` per failed test (the line tells a kill by the mutation
+    from one by something else: a lost GPU, a taken port)."""
     failed = []
     if report.exists():
         for case in ElementTree.parse(report).iter("testcase"):
-            if case.find("failure") is not None or case.find("error") is not None:
-                failed.append(f"{case.get('classname')}::{case.get('name')}")
+            problem = case.find("failure") if case.find("failure") is not None else case.find("error")
+            if problem is not None:
+                message = (problem.get("message") or "").strip().splitlines()
+                failed.append(f"{case.get('classname')}::{case.get('name')}: {message[0][:160] if message else ''}")
     return failed
 
 
@@ -310,6 +317,13 @@ def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -
     return f"the unmutated tree fails the named tests in a fork ({failures[:3]})" if failures else None
 
 
+def load_mutations(path: Path) -> tuple:
+    """(commit, mutations) from a ``gpu_mutants.py pack`` file."""
+    document = json.loads(path.read_text())
+    return document["commit"], [Mutation(m["name"], m["why"], ((m["path"], m["old"], m["new"]),), tuple(m["tests"]),
+                                         fast=False, gpu=True) for m in document["mutations"]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--all", action="store_true", help="every CPU mutation, not only the fast subset")
@@ -321,9 +335,17 @@ def main() -> int:
                         help="JUnit reports of a run of this checkout in which every named test passed (skips the "
                              "baseline run)")
     parser.add_argument("--no-fork", action="store_true", help="a fresh interpreter per mutation")
+    parser.add_argument("--from", dest="source", type=Path, metavar="PACKED",
+                        help="the mutations of this gpu_mutants.py pack file instead of the curated list")
+    parser.add_argument("--skip", nargs="+", type=Path, default=[], metavar="JSON",
+                        help="leave out the mutations these --json reports already decided")
+    parser.add_argument("--json", type=Path, help="write the results here, rewritten after each one")
     options = parser.parse_args()
-    names = {m.name for m in MUTATIONS}
-    if len(names) != len(MUTATIONS):
+    packed_at, mutations = load_mutations(options.source) if options.source else (None, MUTATIONS)
+    decided = {r["name"] for path in options.skip for r in json.loads(path.read_text())["results"]}
+    mutations = [m for m in mutations if m.name not in decided]
+    names = {m.name for m in mutations}
+    if len(names) != len(mutations):
         print("mutation names must be unique", file=sys.stderr)
         return 1
     if options.only:
@@ -331,11 +353,11 @@ def main() -> int:
         if unknown:
             print(f"unknown mutations: {', '.join(sorted(unknown))}", file=sys.stderr)
             return 1
-        selected = [m for m in MUTATIONS if m.name in options.only]
+        selected = [m for m in mutations if m.name in options.only]
     elif options.gpu:
-        selected = [m for m in MUTATIONS if m.gpu]
+        selected = [m for m in mutations if m.gpu]
     else:
-        selected = [m for m in MUTATIONS if not m.gpu and (options.all or m.fast)]
+        selected = [m for m in mutations if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
     forking = not options.no_fork and can_fork()
     if forking:
@@ -346,6 +368,8 @@ def main() -> int:
 
     def report(result: dict) -> None:
         results.append(result)
+        if options.json:
+            options.json.write_text(json.dumps({"commit": packed_at, "results": results}, indent=1) + "\n")
         print(f"{result['result']:8} {result['name']:44} {result['detail']} [{result['seconds']:.0f} s]", flush=True)
 
     with tempfile.TemporaryDirectory() as scratch:
