@@ -35,14 +35,14 @@ from run_mutmut import (RESULTS, ROOT, commit, configure_tree, group_of_module, 
 from run_mutations import copy_project  # noqa: E402
 
 KILLS = HERE / "gpu_kills.json"
-_TEST = re.compile(r"tests/gpu/[\w/]+\.py(?:::\w+)?")
+_TEST = re.compile(r"(?:tests/gpu/)?test_gpu_\w+\.py(?:::\w+)?")
 _SAME_AS = re.compile(r"\bas (x_\w+__mutmut_\d+)")
 
 
 def named_tests(name: str, listed: dict, seen=()) -> tuple:
     """The GPU tests a gpu-only survivor's reason names; "as <other mutant>" borrows that mutant's."""
     reason = listed[name][1]
-    tests = tuple(dict.fromkeys(_TEST.findall(reason)))
+    tests = tuple(dict.fromkeys(t if t.startswith("tests/gpu/") else f"tests/gpu/{t}" for t in _TEST.findall(reason)))
     if tests:
         return tests
     other = _SAME_AS.search(reason)

@@ -45,6 +45,8 @@ RESULTS = HERE / "mutmut_results.json"
 #: Each group's stats from the last full run (which test reaches which function, and what it costs), so
 #: a sample run reuses them instead of running the group's whole selection once more.
 STATS = HERE / "mutmut_stats"
+#: What the GPU machine made of the gpu-only survivors (tools/mutation/gpu_mutants.py record).
+GPU_KILLS = HERE / "gpu_kills.json"
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
@@ -204,6 +206,17 @@ def read_survivors() -> dict:
     return listed
 
 
+def gpu_kills() -> dict:
+    return json.loads(GPU_KILLS.read_text()) if GPU_KILLS.exists() else {}
+
+
+def contradicted_gpu_claims(listed: dict, kills: dict) -> list:
+    """Listed survivors whose GPU record contradicts their kind: a gpu-only one whose named GPU tests all
+    passed on the GPU machine, or an equivalent or open one that a GPU test killed."""
+    return sorted(name for name, (kind, _) in listed.items() if name in kills
+                  and (kills[name]["result"] == "caught") != (kind == "gpu-only"))
+
+
 def _toml_list(values) -> str:
     return "[" + ", ".join(json.dumps(v) for v in values) + "]"
 
@@ -336,25 +349,29 @@ def table(listed: dict) -> str:
     """docs/testing.md's table: per module, the committed results counted against today's survivors.txt (a
     survivor triaged after its run counts by its kind; "not listed" ones are not triaged yet)."""
     record = json.loads(RESULTS.read_text())
-    lines = ["| group (commit, date, seconds) | module | mutants | killed | equivalent | gpu-only | open | not listed "
-             "| score |", "|---|---|---|---|---|---|---|---|---|"]
+    kills = gpu_kills()
+    lines = ["| group (commit, date, seconds) | module | mutants | killed | equivalent | gpu-only (killed on the GPU) "
+             "| open | not listed | score | with the GPU's kills |", "|---|---|---|---|---|---|---|---|---|---|"]
     for group in GROUPS:
         run = record["groups"].get(group.name)
         for module in group.modules:
             names = [n for n in record["mutants"] if module_of(n) == module]
             if run is None or not names:
-                lines.append(f"| {group.name} (not run) | {module} | | | | | | | |")
+                lines.append(f"| {group.name} (not run) | {module} | | | | | | | | |")
                 continue
             survivors = [n for n in names if record["mutants"][n] not in KILLED]
             kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
+            on_gpu = sum(listed.get(n, ("",))[0] == "gpu-only" and kills.get(n, {}).get("result") == "caught"
+                         for n in survivors)
             scored = len(names) - kinds["equivalent"]
             killed = len(names) - len(survivors)
             reruns = [r for r in run.get("survivors_reruns", []) if module in r["modules"]]
             when = f"{run['commit'].split()[0]}, {run['date']}, {run['seconds']} s" + "".join(
                 f"; survivors rerun {r['commit'].split()[0]}, {r['date']}, {r['seconds']} s" for r in reruns)
             lines.append(f"| {group.name} ({when}) | {module} "
-                         f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} | {kinds['open']} "
-                         f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % |")
+                         f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} ({on_gpu}) | {kinds['open']} "
+                         f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % "
+                         f"| {100 * (killed + on_gpu) / scored:.1f} % |")
     return "\n".join(lines)
 
 
@@ -419,6 +436,10 @@ def main() -> int:
                         help=f"print docs/testing.md's per-module table from {RESULTS.name} and {SURVIVORS.name}; run nothing")
     options = parser.parse_args()
     listed = read_survivors()
+    contradicted = contradicted_gpu_claims(listed, gpu_kills())
+    if contradicted:
+        raise SystemExit(f"{SURVIVORS.name} contradicts {GPU_KILLS.name} (the GPU run) for {len(contradicted)} "
+                         f"mutant(s): {', '.join(contradicted[:5])}")
     if options.table:
         print(table(listed))
         return 0

@@ -1,0 +1,99 @@
+"""The run that holds survivors.txt's gpu-only claims against the H200: its edits apply as mutmut wrote them,
+its tests are the ones each reason names, and no claim stands that the H200 saw fail.
+
+The GPU run itself (run_mutations.py --from on the GPU machine) is not repeated here; what it needs from
+this side is: an edit that, applied as run_mutations applies every mutation (its ``old`` text must occur
+once), gives the mutant's file, and a record that survivors.txt must agree with.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTATION = ROOT / "tools" / "mutation"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(MUTATION))
+    try:
+        spec = importlib.util.spec_from_file_location(name, MUTATION / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(MUTATION))
+
+
+gpu_mutants = _load("gpu_mutants")
+run_mutations = _load("run_mutations")
+
+# Lines that repeat, as source does (blank lines, "return x", closing brackets): the edit must widen past them.
+_LINES = st.lists(st.sampled_from(["\n", "    return x\n", "    )\n", "def f(x):\n", "    y = 1\n", "z = 2\n"]),
+                  min_size=1, max_size=30)
+
+
+@given(lines=_LINES, at=st.integers(min_value=0), replacement=st.sampled_from(["    y = 2\n", "    return None\n", ""]))
+def test_the_smallest_edit_occurs_once_and_applied_gives_the_mutant(lines, at, replacement):
+    original = "".join(lines)
+    index = at % len(lines)
+    mutated = "".join(lines[:index] + [replacement] + lines[index + 1:])
+    if mutated == original:
+        return
+    old, new = gpu_mutants.smallest_edit(original, mutated)
+    assert original.count(old) == 1
+    assert original.replace(old, new) == mutated
+
+
+def test_a_mutant_is_packed_as_the_edit_run_mutations_applies(tmp_path):
+    source = "def f(x):\n    return x\n\n\ndef g(x):\n    return x\n"
+    mutated = source.replace("def g(x):\n    return x", "def g(x):\n    return None")
+    old, new = gpu_mutants.smallest_edit(source, mutated)
+    assert old == "def g(x):\n    return x\n"  # "    return x\n" alone occurs twice: widened by one line
+    packed = tmp_path / "mutants.json"
+    packed.write_text(json.dumps({"commit": "abc1234", "mutations": [
+        {"name": "pkg.x_g__mutmut_1", "why": "why", "path": "src/m.py", "old": old, "new": new,
+         "tests": ["tests/gpu/test_x.py::test_y"]}]}))
+    commit, mutations = run_mutations.load_mutations(packed)
+    assert commit == "abc1234" and [m.tests for m in mutations] == [("tests/gpu/test_x.py::test_y",)]
+    assert mutations[0].gpu and not mutations[0].fast
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "m.py").write_text(source)
+    saved = run_mutations.apply(tree, mutations[0])
+    assert (tree / "src" / "m.py").read_text() == mutated
+    run_mutations.restore(tree, saved)
+    assert (tree / "src" / "m.py").read_text() == source
+    assert gpu_mutants.changed_lines(source, mutated) == "-    return x\n+    return None"
+
+
+def test_the_tests_are_those_the_reason_names_or_borrows():
+    listed = {
+        "m.x_f__mutmut_1": ("gpu-only", "a CUDA branch; tests/gpu/test_gpu_a.py::test_b and test_gpu_c.py see it"),
+        "m.x_f__mutmut_2": ("gpu-only", "as x_f__mutmut_1 (the same line)"),
+        "m.x_f__mutmut_3": ("gpu-only", "a CUDA branch, no test named"),
+        "m.x_f__mutmut_4": ("gpu-only", "as x_f__mutmut_4 (itself)"),
+    }
+    assert gpu_mutants.named_tests("m.x_f__mutmut_1", listed) == ("tests/gpu/test_gpu_a.py::test_b",
+                                                                  "tests/gpu/test_gpu_c.py")
+    assert gpu_mutants.named_tests("m.x_f__mutmut_2", listed) == gpu_mutants.named_tests("m.x_f__mutmut_1", listed)
+    assert gpu_mutants.named_tests("m.x_f__mutmut_3", listed) == ()
+    assert gpu_mutants.named_tests("m.x_f__mutmut_4", listed) == ()
+
+
+def test_no_gpu_only_claim_stands_that_the_gpu_saw_survive():
+    run_mutmut = _load("run_mutmut")
+    listed = run_mutmut.read_survivors()
+    kills = json.loads(gpu_mutants.KILLS.read_text())
+    assert run_mutmut.contradicted_gpu_claims(listed, kills) == []
+    killed = [n for n, record in kills.items() if record["result"] == "caught" and n in listed]
+    assert all(listed[n][0] == "gpu-only" for n in killed), "killed on the GPU, so neither equivalent nor open"
+    # the check itself: a gpu-only line whose named test passed on the GPU is named
+    some = killed[0]
+    assert run_mutmut.contradicted_gpu_claims(listed, {some: {**kills[some], "result": "SURVIVED"}}) == [some]
