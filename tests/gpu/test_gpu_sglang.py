@@ -37,8 +37,45 @@ def test_unpatched_fails_in_sglangs_compile_path_with_the_allocate_lock_error(ke
 def test_with_the_shim_sglang_traces_captures_and_replays(device_mode):
     outcome = sglang.compile_path_check(compare_values=device_mode.computes_values)
     device_mode.assert_branch()
+    assert set(outcome) == {"capture_sizes", "replays_equal_eager", "cuda_graphs_captured"}, outcome
+    assert outcome["capture_sizes"] == [2, 4, 8]  # verify's sglang-compile line prints these
     assert outcome["cuda_graphs_captured"] >= 3  # one graph per capture size at least: SGLang captured them
     assert outcome["replays_equal_eager"] is (True if device_mode.computes_values else None)
+
+
+class _EagerDiffersOnItsFirstCall(torch.nn.Module):
+    """Fault: the eager forward's first call (the comparison of the first capture size, 2) gives its rows in
+    reverse order; every compiled call and every later eager call gives ``2 * x``. A compare that runs the
+    compiled path for "eager", compares no values, keeps only the last size's count, uses the built-in block
+    instead of this one, or replays inputs whose rows are all equal, reports no mismatch. ``forward`` has no
+    annotation, so SGLang cannot infer the dynamic dimension: compile_path_check must name it."""
+
+    def __init__(self):
+        super().__init__()
+        self.eager_calls = 0
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            return (x * 2,)
+        self.eager_calls += 1
+        return ((x.flip(0) if self.eager_calls == 1 else x) * 2,)
+
+
+def test_a_replay_that_differs_from_eager_for_one_capture_size_is_reported():
+    outcome = sglang.compile_path_check(compare_values=True, block=_EagerDiffersOnItsFirstCall())
+    assert outcome == {"capture_sizes": [2, 4, 8], "replays_equal_eager": False,
+                       "cuda_graphs_captured": outcome["cuda_graphs_captured"]}, outcome
+    assert outcome["cuda_graphs_captured"] >= 3
+
+
+def test_verify_fails_its_sglang_line_when_replays_differ_from_eager(reference_mode, monkeypatch):
+    # Fault: verify's check drives the block above (reference mode: the check compares values).
+    compile_path_check = sglang.compile_path_check
+    monkeypatch.setattr(sglang, "compile_path_check",
+                        lambda **options: compile_path_check(block=_EagerDiffersOnItsFirstCall(), **options))
+    with pytest.raises(AssertionError) as raised:
+        sglang.check_sglang_compile_path("cuda")
+    assert str(raised.value) == "replays through SGLang's piecewise CUDA graphs differ from eager"
 
 
 BOUND_AT_IMPORT = """

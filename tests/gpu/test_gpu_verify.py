@@ -5,6 +5,11 @@ layernorm compiled and compared, the op captured and replayed): the CPU tests re
 each check's result and the words it prints are held against what that branch must say, so a check that
 stops capturing, stops comparing values, or compares the wrong thing fails here. One fresh interpreter per
 mode, as a user's, because the baseline check needs FlashInfer's JIT loader not yet traced in this process.
+Below SM100 a third mode is the default one, ``FP4_DYNAMO_SHIM_FALLBACK=error``: the shim refuses to run the
+empty kernel, so the checks that would launch it skip, each with its reason pinned, and tracing runs on fake
+tensors. The in-process tests at the end hand two checks what only a fault shows: an "unpatched" function
+that compiles (the baseline must say the shim is not needed) and a graph break (the CUDA-graph check must
+refuse it under fullgraph).
 """
 
 from __future__ import annotations
@@ -16,32 +21,46 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gpu_support import KERNEL_FALLBACK, has_fp4_kernel
 
 from _fp4_dynamo_shim.fp4 import flashinfer_op
+from _fp4_dynamo_shim.verify import checks
 
-def _expected(values: bool, has_op: bool, where: str) -> dict:
-    """check name -> (result, detail) for a GPU whose fp4_quantize computes values or not."""
+#: What the checks that would launch the FP4 kernel say where the shim refuses it (SM<100, fallback error).
+REFUSED = "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error"
+#: The first line of the Unsupported that Dynamo raises in FlashInfer's JIT loader (a skipped function:
+#: _thread.allocate_lock, subprocess): the baseline must show that failure, not another one.
+BASELINE = "unpatched: Unsupported: Attempted to call function marked as skipped (expected; the shim fixes this)"
+
+
+def _expected(values: bool, has_op: bool, where: str, launches: bool = True) -> dict:
+    """check name -> (result, detail) for a GPU whose fp4_quantize computes values or not, and launches its
+    kernel or not (``launches`` False: SM<100 under FP4_DYNAMO_SHIM_FALLBACK=error, the shim refuses)."""
+    traced = "" if launches else " (traced on fake tensors: no FP4 kernel runs on this GPU)"
     op = ("compiled with fullgraph (row-major, column-major, 3-D): outputs equal the function's "
           + ("bitwise; captured and replayed (replay equals eager)" if values
              else "in shape, stride and dtype (no FP4 values on this GPU); captured and replayed"))
     return {
-        "trace-static": ("pass", "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)"),
-        "trace-dynamic": ("pass", "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation"),
-        "opcheck": ("pass", "torch.library.opcheck on fp4_dynamo_shim::fp4_quantize (cuda): all tests" if values
-                    else "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"),
+        "trace-static": ("pass", "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + traced),
+        "trace-dynamic": ("pass", "dim 0 marked dynamic, M in (2, 17, 300): 1 graph, 0 graph breaks, no recompilation"
+                          + traced),
+        "opcheck": (("pass", "torch.library.opcheck on fp4_dynamo_shim::fp4_quantize (cuda): all tests") if values
+                    else ("skip", f"{REFUSED}: nothing to run") if not launches
+                    else ("pass", "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)")),
         "compiled-vs-eager": (("pass", f"inductor output equals eager bitwise for M in (1, 33, 256) ({where})")
                               if values else
                               ("skip", "no FP4 values on this GPU (SM<100); FP4_DYNAMO_SHIM_FALLBACK=reference makes them")),
-        "cuda-graph": ("pass", "captured and replayed; replay outputs equal eager bitwise on fresh inputs" if values
-                       else "captured and replayed (values not compared: the kernel writes nothing on this GPU)"),
-        "flashinfer-op": ("pass", op) if has_op else
-                         ("skip", "this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)"),
+        "cuda-graph": (("skip", REFUSED) if not launches else
+                       ("pass", "captured and replayed; replay outputs equal eager bitwise on fresh inputs" if values
+                        else "captured and replayed (values not compared: the kernel writes nothing on this GPU)")),
+        "flashinfer-op": (("skip", "this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
+                          if not has_op else ("skip", REFUSED) if not launches else ("pass", op)),
     }
 
 
-@pytest.mark.parametrize("fallback", sorted({KERNEL_FALLBACK, "reference"}))
+@pytest.mark.parametrize("fallback", sorted({KERNEL_FALLBACK, "reference", "error"}))
 def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FP4_DYNAMO_SHIM")}
     environment["FP4_DYNAMO_SHIM_FALLBACK"] = fallback
@@ -54,13 +73,13 @@ def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
     document = json.loads(completed.stdout)
     got = {check["name"]: (check["result"], check["detail"]) for check in document["checks"]}
     values = has_fp4_kernel() or fallback == "reference"
+    launches = has_fp4_kernel() or fallback != "error"  # below SM100, error (the default) refuses the empty kernel
     where = "FlashInfer kernel" if has_fp4_kernel() else "reference quantizer"
-    for name, want in _expected(values, flashinfer_op.flashinfer_has_op(), where).items():
+    for name, want in _expected(values, flashinfer_op.flashinfer_has_op(), where, launches).items():
         assert got[name] == want, (name, got[name], completed.stderr[-3000:])
-    # the baseline took FlashInfer's own function under fullgraph, saw it fail, and applied the shim again
-    result, detail = got["baseline"]
-    assert result == "info" and detail.startswith("unpatched: Unsupported: ") and detail.endswith(
-        "(expected; the shim fixes this)"), detail
+    # the baseline took FlashInfer's own function under fullgraph, saw it fail in FlashInfer's JIT loader (its
+    # first line, whole: not another failure, not an empty or a later line), and applied the shim again
+    assert got["baseline"] == ("info", BASELINE), got["baseline"]
     assert document["status"]["applied"], document["status"]
     # every declared-ops and family line that ran on the GPU passed, with its GPU wording
     assert got["flashinfer-ops"][0] in ("pass", "skip"), got["flashinfer-ops"]
@@ -69,7 +88,9 @@ def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
     assert got["family"][0] == "pass" and " called once on cuda: " in got["family"][1], got["family"]
     # SGLang's own compile path, where the staged site has a release verify drives it on (0.5.3.post2-0.5.9)
     sglang = document["status"]["sglang"]
-    if sglang["compile_path_check"]:
+    if sglang["compile_path_check"] and not launches:
+        assert got["sglang-compile"] == ("skip", REFUSED), got["sglang-compile"]
+    elif sglang["compile_path_check"]:
         compared = "equal eager" if values else "not compared (no FP4 values on this GPU)"
         result, detail = got["sglang-compile"]
         found = re.fullmatch(rf"sglang {re.escape(sglang['installed'])} install_torch_compiled \+ SGLangBackend, "
@@ -77,3 +98,31 @@ def test_verify_on_the_gpu_says_what_each_branch_did(fallback, tmp_path):
                              rf"outputs {re.escape(compared)}", detail)
         assert result == "pass" and found and int(found.group(1)) >= 3, (result, detail)
     assert document["exit_code"] == 0, document["summary"]
+
+
+def test_baseline_says_the_shim_is_not_needed_when_the_unpatched_function_compiles(device_mode, monkeypatch):
+    # Stand-in: revert() left undone, so the "unpatched" function is the shim's and compiles under fullgraph,
+    # as FlashInfer's own would on a release Dynamo can trace: the baseline must fail, saying so.
+    monkeypatch.setattr(checks.lifecycle, "revert", lambda: True)
+    with pytest.raises(AssertionError) as raised:
+        checks.check_baseline("cuda")
+    assert str(raised.value) == "the unpatched function compiled under fullgraph; the shim is not needed here"
+
+
+def _quantize_after_a_graph_break(x, global_scale):
+    import flashinfer
+
+    torch._dynamo.graph_break()
+    return flashinfer.fp4_quantize(x, global_scale)
+
+
+def test_cuda_graph_check_compiles_with_fullgraph_so_a_graph_break_fails_it(device_mode, monkeypatch):
+    # Fault: the function the check compiles breaks the graph. Under fullgraph=True the check raises
+    # Dynamo's Unsupported; without it the break would be compiled around and the check would pass.
+    monkeypatch.setattr(checks, "_quantize", _quantize_after_a_graph_break)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
+            checks.check_cuda_graph("cuda")
+    finally:
+        torch._dynamo.reset()
