@@ -2,8 +2,8 @@
 
 ``apply()`` builds the replacement once, for the installed release, with the recipe and target row it has already
 worked out; what ``build`` does for other releases' signatures, without a target row, without a recipe, or with an
-older row's direct path is only seen by building it here. The originals are made up with the parameter lists the
-releases have (written down in tests/support/release_facts.py's terms) and record how they are called; the module
+older row's direct path is only seen by building it here. The originals are made up with two releases' parameter lists
+(0.7.4's and an early one's) and record how they are called; the module
 is a made-up one with FlashInfer's two 4over6 functions, recording too. Calls run on CPU tensors through the
 reference quantizer; the direct path reaches a recording stand-in for the GPU's JIT entry
 (``stand_in_gpu.reference_entry``; its limits: the reference's bytes and layouts, not the kernel's).
