@@ -131,7 +131,8 @@ GROUPS = (  # cheapest first
         "flashinfer_op": ["_fp4_dynamo_shim.fp4.flashinfer_op.*"],
     }, ("tests/fp4/test_op.py", "tests/fp4/test_compile.py", "tests/fp4/test_flashinfer_op.py", "tests/fp4/test_parity.py",
         "tests/fp4/test_battery.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
-        "tests/fp4/test_replacement_cases.py", "tests/fp4/test_flashinfer_op_cases.py", "tests/lifecycle/test_lifecycle.py",
+        "tests/fp4/test_replacement_cases.py", "tests/fp4/test_flashinfer_op_cases.py",
+        "tests/fp4/test_quantize_op_cases.py", "tests/lifecycle/test_lifecycle.py",
         *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
     Group("sglang tables", {
         "sglang/releases": ["_fp4_dynamo_shim.sglang.releases.*"],
