@@ -101,6 +101,13 @@ def test_a_call_before_apply_says_to_apply_first(device_state):
     assert refusal(ShimError, lambda: ops.current_recipe(0)) == message
 
 
+def test_a_call_in_a_process_that_never_applied_says_to_apply_first_not_which_device(device_state):
+    """Never applied: no target and no launcher for any device, so the op's kernel finds none for the input's."""
+    device_state(target=None, launchers={})
+    message = refusal(ShimError, lambda: ops.fp4_quantize_op(bf16(4, 32), torch.tensor([1.0]), *NVFP4_LINEAR))
+    assert message == "fp4_dynamo_shim is not applied: call fp4_dynamo_shim.apply() first"
+
+
 def test_an_sf_vec_size_other_than_16_or_32_is_not_implemented():
     message = refusal(NotImplementedError, lambda: ops.fp4_quantize_op(
         bf16(4, 32), torch.tensor([1.0]), 8, False, False, False, False, None, 0))

@@ -41,7 +41,7 @@ class _IndexerKeyNorm(torch.nn.Module):
 
 
 @pytest.mark.skipif(release is None or not release.compile_path_check,
-                    reason="needs an SGLang whose compile path the shim drives (0.5.3.post2-0.5.10)")
+                    reason="needs an SGLang whose compile path the shim drives (0.5.3.post2-0.5.9)")
 def test_nsa_indexer_layernorm_traces_and_replays_through_sglangs_compile_path():
     """Default gate: the layer is on for flashinfer.norm.layernorm without any setting."""
     assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == switches.VARIABLES[switches.FLASHINFER_OPS].default
@@ -51,7 +51,7 @@ def test_nsa_indexer_layernorm_traces_and_replays_through_sglangs_compile_path()
 
 
 @pytest.mark.skipif(release is None or not release.compile_path_check,
-                    reason="needs an SGLang whose compile path the shim drives (0.5.3.post2-0.5.10)")
+                    reason="needs an SGLang whose compile path the shim drives (0.5.3.post2-0.5.9)")
 def test_nsa_indexer_layernorm_fails_sglangs_compile_path_with_the_layer_off(monkeypatch):
     monkeypatch.setenv("FP4_DYNAMO_SHIM_FLASHINFER_OPS", "off")
     fp4_dynamo_shim.revert()

@@ -19,7 +19,7 @@ from _fp4_dynamo_shim.sglang import releases as sglang_releases
 
 release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
-                                reason="needs an SGLang whose compile path verify drives (0.5.3.post2-0.5.10); "
+                                reason="needs an SGLang whose compile path verify drives (0.5.3.post2-0.5.9); "
                                        "0.5.11's real engine is tests/gpu/test_gpu_engine.py")
 
 

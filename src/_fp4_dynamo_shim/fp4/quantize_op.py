@@ -236,6 +236,7 @@ def launch_for(input: torch.Tensor) -> Optional[Callable]:
     if launch is None and input.is_meta:
         return None
     if launch is None:
+        active_target()  # a process that never applied has no launchers: that, not the device, is what to say
         if input.is_cuda:
             raise ShimError(
                 f"fp4_dynamo_shim: no FP4 kernel was loaded for {input.device}; it was not visible when the "

@@ -69,7 +69,7 @@ def compile_path_check(capture_sizes=(2, 4, 8), hidden: int = 256, compare_value
     SGLang's layers call their module-level binding. It is compiled with ``fullgraph=True`` by SGLang,
     piecewise CUDA graphs are captured for ``capture_sizes`` in a fresh graph pool, and each size is
     replayed on fresh inputs copied into the captured buffers (sizes above 1: Dynamo specialises size 1,
-    and SGLang captures no graph for that static compilation). Needs a GPU and SGLang 0.5.3.post2-0.5.10.
+    and SGLang captures no graph for that static compilation). Needs a GPU and SGLang 0.5.3.post2-0.5.9.
     ``block`` replaces the built-in block (a CUDA module taking ``[tokens, hidden]`` bf16).
     Returns what happened (``cuda_graphs_captured`` counts ``torch.cuda.CUDAGraph`` captures that completed
     while SGLang ran; ``replays_equal_eager`` is None when values were not compared); raises whatever SGLang
