@@ -16,7 +16,8 @@ the killed ratio per module, listed mutants excluded.
         # fails when one of them now survives
     python tools/mutation/run_mutmut.py --module layout --survivors --save
         # only what the module's committed run left standing, with today's tests (added since), merged into
-        # that run; refused when the group's source changed since its commit (the mutants would not be the same)
+        # that run; refused when the group's code changed since its commit (the mutants would not be the same;
+        # docstrings and comments may change)
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -376,17 +377,39 @@ def table(listed: dict) -> str:
     return "\n".join(lines)
 
 
+def code_only(text: str) -> str:
+    """The source's syntax tree without docstrings, comments, layout or line numbers: what mutmut's mutants are
+    made from (it mutates no triple-quoted string), so two texts with the same ``code_only`` have the same
+    mutants under the same names."""
+    import ast
+
+    tree = ast.parse(text)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
 def why_not_the_same_mutants(group: Group, run: dict):
-    """None when the group's files are those of its committed run's commit (a survivors-only rerun is valid only
-    over the same mutants, so over the same source); else why not."""
+    """None when the group's files have the code of its committed run's commit (a survivors-only rerun is valid
+    only over the same mutants, so over the same code; docstrings and comments may differ); else why not."""
     if "uncommitted" in run["commit"]:
         return f"its run at {run['commit']} copied a tree with uncommitted changes, which cannot be compared"
     changed = subprocess.run(["git", "diff", "--name-only", run["commit"], "--", *group_files(group)], cwd=ROOT,
                              capture_output=True, text=True)
     if changed.returncode != 0:
         return f"git cannot compare with {run['commit']}: {changed.stderr.strip()}"
-    if changed.stdout.split():
-        return f"{', '.join(changed.stdout.split())} changed since its run at {run['commit']}"
+    differ = []
+    for path in changed.stdout.split():
+        then = subprocess.run(["git", "show", f"{run['commit']}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        now = ROOT / path
+        if then.returncode != 0 or not now.exists() or code_only(then.stdout) != code_only(now.read_text()):
+            differ.append(path)
+    if differ:
+        return f"the code of {', '.join(differ)} changed since its run at {run['commit']}"
     return None
 
 
@@ -428,7 +451,7 @@ def main() -> int:
     parser.add_argument("--survivors", action="store_true",
                         help="only the mutants each group's committed run left standing (of the --module ones "
                              "when named), with today's tests; with --save, merged into that run (refused when "
-                             "the group's source changed since it)")
+                             "the group's code changed since it)")
     parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--save", action="store_true",
                         help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")

@@ -1,0 +1,109 @@
+"""When a survivors-only rerun may complete a group's committed mutmut run: only over the same mutants.
+
+mutmut names a mutant by its function and its place among that function's mutations, and mutates no
+triple-quoted string, so a change to docstrings, comments or layout leaves every mutant and name as it was;
+any other change may not. These tests hold ``code_only`` (the comparison) against mutmut's own mutation of the
+project's real source files, and ``why_not_the_same_mutants`` against a git history made in the test.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mutmut.mutation.file_mutation import create_mutations
+
+ROOT = Path(__file__).resolve().parents[2]
+MUTATION = ROOT / "tools" / "mutation"
+
+
+sys.path.insert(0, str(MUTATION))
+try:
+    run_mutmut = importlib.import_module("run_mutmut")  # as gpu_mutants imports it: one module object
+finally:
+    sys.path.remove(str(MUTATION))
+SOURCES = sorted(p for p in (ROOT / "src" / "_fp4_dynamo_shim").rglob("*.py") if p.read_text().strip())
+
+
+def mutants(text: str) -> list:
+    """Each mutant mutmut makes of ``text``, in its order: the function it is in, the code before and after."""
+    module, mutations, _, _ = create_mutations("m.py", text)
+    return [(getattr(getattr(m.contained_by_top_level_function, "name", None), "value", None),
+             module.code_for_node(m.original_node), module.code_for_node(m.mutated_node)) for m in mutations]
+
+
+def reworded(text: str) -> str:
+    """Every docstring's words changed (a line added) and every trailing comment's."""
+    lines = text.splitlines(keepends=True)
+    docstrings = [node.body[0].value for node in ast.walk(ast.parse(text))
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr)
+                  and isinstance(node.body[0].value, ast.Constant) and isinstance(node.body[0].value.value, str)]
+    for string in sorted(docstrings, key=lambda s: s.lineno, reverse=True):  # bottom up: earlier positions hold
+        first, last = lines[string.lineno - 1], lines[string.end_lineno - 1]
+        lines[string.lineno - 1:string.end_lineno] = [
+            first[:string.col_offset] + '"""reworded\n\n    over two lines"""' + last[string.end_col_offset:]]
+    return re.sub(r"  # .*$", "  # another comment", "".join(lines), flags=re.M)
+
+
+def without_comments(mutant: tuple) -> tuple:
+    """A mutant's texts as mutmut shows them keep the comments inside the mutated statement; what runs does not."""
+    return tuple(re.sub(r"  # .*$", "", part, flags=re.M) if part else part for part in mutant)
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT / "src")))
+def test_rewording_docstrings_and_comments_keeps_the_code_and_every_mutant(path):
+    text = path.read_text()
+    changed = reworded(text)
+    assert changed != text
+    assert run_mutmut.code_only(changed) == run_mutmut.code_only(text)
+    assert [without_comments(m) for m in mutants(changed)] == [without_comments(m) for m in mutants(text)]
+
+
+def test_a_change_of_code_is_seen_even_where_mutmut_makes_no_new_mutant():
+    text = "def f(x):\n    \"\"\"Doc.\"\"\"\n    return g(x)\n"
+    with_a_call = "def f(x):\n    \"\"\"Doc.\"\"\"\n    check()\n    return g(x)\n"
+    assert run_mutmut.code_only(with_a_call) != run_mutmut.code_only(text)
+    assert run_mutmut.code_only(text.replace("g(x)", "g(x, 1)")) != run_mutmut.code_only(text)
+    # a string that is not the first statement is code, not a docstring
+    assert run_mutmut.code_only(text.replace("return g(x)", "'''a'''\n    return g(x)")) != run_mutmut.code_only(text)
+
+
+@pytest.fixture
+def history(tmp_path, monkeypatch):
+    """A git repository holding the sglang tables group's files as they are today, committed once."""
+    group = next(g for g in run_mutmut.GROUPS if g.name == "sglang tables")
+    for name in run_mutmut.group_files(group):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    git = lambda *arguments: subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True,
+                                            text=True).stdout.strip()
+    git("init", "-q")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run")
+    monkeypatch.setattr(run_mutmut, "ROOT", tmp_path)
+    return group, {"commit": git("rev-parse", "--short", "HEAD")}, tmp_path / run_mutmut.group_files(group)[0]
+
+
+def test_a_rerun_over_reworded_docstrings_is_allowed(history):
+    group, run, path = history
+    path.write_text(reworded(path.read_text()))
+    assert run_mutmut.why_not_the_same_mutants(group, run) is None
+
+
+def test_a_rerun_over_changed_code_is_refused_naming_the_file(history):
+    group, run, path = history
+    path.write_text(path.read_text() + "\n\ndef added():\n    return 1\n")
+    why = run_mutmut.why_not_the_same_mutants(group, run)
+    assert why == f"the code of {path.relative_to(run_mutmut.ROOT)} changed since its run at {run['commit']}"
+
+
+def test_a_rerun_after_a_run_of_uncommitted_changes_is_refused(history):
+    group, run, _ = history
+    why = run_mutmut.why_not_the_same_mutants(group, {"commit": run["commit"] + " (uncommitted changes)"})
+    assert why.startswith("its run at") and "cannot be compared" in why
