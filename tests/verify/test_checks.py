@@ -530,3 +530,93 @@ def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypa
     (op,) = [n for n in graph.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)]
     assert [tuple(n.meta["example_value"].shape) for n in inputs] == [(64, 128), (128,), (128,)]
     assert list(op.args[:3]) == inputs and op.args[3:] + tuple(op.kwargs.values()) == (1e-6,)
+
+
+# --- branches a GPU reaches, driven here with the device state and SGLang's outcome stood in ------------------
+# Stand-ins: ``checks._mode`` (what the GPU's preload reports) and, for SGLang's compile path, what
+# ``sglang_releases.describe`` and ``compile_path_check`` return (SGLang and a GPU are not here). What they cannot
+# show: that SGLang's compile path on a GPU yields such an outcome; tests/gpu/test_gpu_sglang.py drives it.
+
+NO_KERNEL = "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error"
+DRIVEN = {"installed": "0.5.9", "compile_path_check": True, "note": ""}
+
+
+def test_the_cuda_graph_check_skips_a_gpu_without_an_fp4_kernel_before_touching_it(device_mode):
+    device_mode("refuse")
+    with pytest.raises(checks.Skip) as skipped:
+        checks.check_cuda_graph("cuda")
+    assert str(skipped.value) == NO_KERNEL
+
+
+@pytest.fixture
+def sglang_outcome(monkeypatch, device_mode):
+    """``use(outcome)``: SGLang 0.5.9 on a GPU whose kernel computes values, its compile path returning ``outcome``
+    (and recording the ``compare_values`` it was handed)."""
+    handed = []
+
+    def use(outcome, mode="kernel"):
+        device_mode(mode)
+        monkeypatch.setattr(sglang_checks.sglang_releases, "describe", lambda: DRIVEN)
+        monkeypatch.setattr(sglang_checks, "compile_path_check",
+                            lambda compare_values: handed.append(compare_values) or outcome)
+        return handed
+
+    return use
+
+
+def test_sglangs_compile_path_check_skips_a_gpu_without_an_fp4_kernel(sglang_outcome):
+    handed = sglang_outcome({}, mode="refuse")
+    with pytest.raises(checks.Skip) as skipped:
+        sglang_checks.check_sglang_compile_path("cuda")
+    assert str(skipped.value) == NO_KERNEL and handed == []
+
+
+@pytest.mark.parametrize("mode, compared", [("kernel", "equal eager"),
+                                            ("launch", "not compared (no FP4 values on this GPU)")])
+def test_sglangs_compile_path_check_says_what_sglang_captured_and_compared(sglang_outcome, mode, compared):
+    handed = sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 3,
+                             "replays_equal_eager": True if mode == "kernel" else None}, mode)
+    assert sglang_checks.check_sglang_compile_path("cuda") == (
+        "sglang 0.5.9 install_torch_compiled + SGLangBackend, capture sizes [2, 4, 8]: traced, 3 CUDA graphs "
+        f"captured, replayed; outputs {compared}")
+    assert handed == [mode == "kernel"]
+
+
+def test_sglangs_compile_path_check_fails_when_replays_differ_from_eager(sglang_outcome):
+    sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 3, "replays_equal_eager": False})
+    with pytest.raises(AssertionError) as failed:
+        sglang_checks.check_sglang_compile_path("cuda")
+    assert str(failed.value) == "replays through SGLang's piecewise CUDA graphs differ from eager"
+
+
+def test_sglangs_compile_path_check_fails_when_fewer_graphs_are_captured_than_sizes(sglang_outcome):
+    sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 2, "replays_equal_eager": True})
+    with pytest.raises(AssertionError) as failed:
+        sglang_checks.check_sglang_compile_path("cuda")
+    assert str(failed.value) == "SGLang captured 2 CUDA graphs for capture sizes [2, 4, 8]"
+
+
+def test_the_group_of_one_sglang_asks_for_is_gloo_on_an_ephemeral_port():
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()  # no other test leaves a group behind: this one must make it
+    try:
+        sglang_checks._one_rank_process_group()
+        assert dist.get_backend() == "gloo" and dist.get_world_size() == 1 and dist.get_rank() == 0
+        port = int(dist.distributed_c10d._default_pg_init_method.rsplit(":", 1)[1])
+        assert port >= 1024  # the kernel's choice; a fixed privileged port fails for a user who is not root
+        sglang_checks._one_rank_process_group()  # a second call keeps the group it has
+        assert dist.distributed_c10d._default_pg_init_method.endswith(f":{port}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_the_trace_only_backend_keeps_the_graph_and_runs_it_on_real_inputs_as_fakes():
+    """Called as Dynamo calls a backend (Dynamo's own call is not seen by mutmut's statistics)."""
+    graph_module = torch.fx.symbolic_trace(lambda x: x * 2 + 1)
+    backend = checks._TraceOnly()
+    run = backend(graph_module, [torch.ones(3)])
+    assert backend.graphs == [graph_module]
+    result = run(torch.ones(3))
+    assert type(result).__name__ == "FakeTensor" and result.shape == (3,) and result.dtype == torch.float32
