@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,6 +96,40 @@ def test_no_gpu_only_claim_stands_that_the_gpu_saw_survive():
     assert run_mutmut.contradicted_gpu_claims(listed, kills) == []
     killed = [n for n, record in kills.items() if record["result"] == "caught" and n in listed]
     assert all(listed[n][0] == "gpu-only" for n in killed), "killed on the GPU, so neither equivalent nor open"
-    # the check itself: a gpu-only line whose named test passed on the GPU is named
-    some = killed[0]
-    assert run_mutmut.contradicted_gpu_claims(listed, {some: {**kills[some], "result": "SURVIVED"}}) == [some]
+    assert all(record["tests"] for record in kills.values()), "each record says which tests it ran"
+
+
+def _head(run_mutmut) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_mutmut.ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def test_a_gpu_record_counts_for_the_tests_the_line_names_today():
+    run_mutmut = _load("run_mutmut")
+    a, b = f"{GPU}test_gpu_a.py::test_a", f"{GPU}test_gpu_b.py::test_b"
+    listed = {"m.x_f__mutmut_1": ("gpu-only", f"a CUDA branch; {a} and {b} see it")}
+    record = lambda result, tests: {"m.x_f__mutmut_1": {"result": result, "tests": tests, "commit": _head(run_mutmut)}}
+    # a kill by one of the named tests holds the claim; a kill by a test the line no longer names does not count
+    assert run_mutmut.gpu_record("m.x_f__mutmut_1", listed, record("caught", [a])) is not None
+    assert run_mutmut.gpu_record("m.x_f__mutmut_1", listed, record("caught", [f"{GPU}test_gpu_c.py"])) is None
+    # a survival of every named test contradicts the claim; a survival of only some of them is not yet a verdict
+    assert run_mutmut.contradicted_gpu_claims(listed, record("SURVIVED", [a, b])) == ["m.x_f__mutmut_1"]
+    assert run_mutmut.contradicted_gpu_claims(listed, record("SURVIVED", [a])) == []
+    # an equivalent or open line that a GPU test killed is contradicted, whichever test killed it
+    for kind in ("equivalent", "open"):
+        assert run_mutmut.contradicted_gpu_claims({"m.x_f__mutmut_1": (kind, "why")},
+                                                  record("caught", [f"{GPU}test_gpu_c.py"])) == ["m.x_f__mutmut_1"]
+
+
+def test_a_survival_stops_counting_once_its_named_tests_are_strengthened():
+    """A real GPU test file, at the commit before its last change: the survival recorded then is not a verdict
+    on the test as it is now."""
+    run_mutmut = _load("run_mutmut")
+    path = "tests/gpu/test_gpu_verify.py"
+    older = subprocess.run(["git", "rev-list", "-n", "2", "HEAD", "--", path], cwd=run_mutmut.ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()[1]
+    test = f"{path}::test_verify_on_the_gpu_says_what_each_branch_did"
+    listed = {"m.x_f__mutmut_1": ("gpu-only", f"a CUDA branch; {test} sees it")}
+    survived = lambda commit: {"m.x_f__mutmut_1": {"result": "SURVIVED", "tests": [test], "commit": commit}}
+    assert run_mutmut.contradicted_gpu_claims(listed, survived(_head(run_mutmut))) == ["m.x_f__mutmut_1"]
+    assert run_mutmut.contradicted_gpu_claims(listed, survived(older)) == []

@@ -22,7 +22,6 @@ import datetime
 import difflib
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -31,28 +30,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from run_mutmut import (RESULTS, ROOT, commit, configure_tree, group_of_module, module_of,  # noqa: E402
-                        read_survivors)
+                        named_tests, read_survivors)
 from run_mutations import copy_project  # noqa: E402
 
 KILLS = HERE / "gpu_kills.json"
-_TEST = re.compile(r"(?:tests/gpu/)?test_gpu_\w+\.py(?:::\w+)?")
-_SAME_AS = re.compile(r"\bas (x_\w+__mutmut_\d+)")
-
-
-def named_tests(name: str, listed: dict, seen=()) -> tuple:
-    """The GPU tests a gpu-only survivor's reason names; "as <other mutant>" borrows that mutant's."""
-    reason = listed[name][1]
-    tests = tuple(dict.fromkeys(t if t.startswith("tests/gpu/") else f"tests/gpu/{t}" for t in _TEST.findall(reason)))
-    if tests:
-        return tests
-    other = _SAME_AS.search(reason)
-    if other:
-        borrowed = name.rsplit(".", 1)[0] + "." + other.group(1)
-        if borrowed in listed and borrowed not in seen:
-            return named_tests(borrowed, listed, (*seen, name))
-    return ()
-
-
 def source_path(name: str) -> str:
     """src/... of a mutant's module (``_fp4_dynamo_shim.verify.checks.x_f__mutmut_3`` -> its file)."""
     module = name.split(".x")[0]
@@ -153,7 +134,7 @@ def record(options) -> int:
             if result["name"] not in listed:
                 print(f"{result['name']}: not a listed survivor; skipped", file=sys.stderr)
                 continue
-            kills[result["name"]] = {"result": result["result"], "detail": result["detail"],
+            kills[result["name"]] = {"result": result["result"], "detail": result["detail"], "tests": result["tests"],
                                      "seconds": round(result["seconds"]), "commit": document["commit"],
                                      "date": options.date, "site": options.site, "machine": options.machine}
     KILLS.write_text(json.dumps(dict(sorted(kills.items())), indent=1) + "\n")

@@ -234,11 +234,13 @@ def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
         result, detail = "caught", caught[0]
     else:
         result, detail = "SURVIVED", failed[0] if failed else "every named test passed"
-    return {"name": mutation.name, "result": result, "detail": detail, "seconds": time.perf_counter() - started}
+    return {"name": mutation.name, "result": result, "detail": detail, "seconds": time.perf_counter() - started,
+            "tests": list(mutation.tests)}
 
 
 def stale(mutation: Mutation, error: LookupError) -> dict:
-    return {"name": mutation.name, "result": "STALE", "detail": str(error), "seconds": 0.0}
+    return {"name": mutation.name, "result": "STALE", "detail": str(error), "seconds": 0.0,
+            "tests": list(mutation.tests)}
 
 
 def check(tree: Path, mutation: Mutation, timeout: float) -> dict:

@@ -28,6 +28,7 @@ import argparse
 import dataclasses
 import datetime
 import fnmatch
+import functools
 import json
 import os
 import random
@@ -212,10 +213,52 @@ def gpu_kills() -> dict:
     return json.loads(GPU_KILLS.read_text()) if GPU_KILLS.exists() else {}
 
 
+_TEST = re.compile(r"(?:tests/gpu/)?test_gpu_\w+\.py(?:::\w+)?")
+_SAME_AS = re.compile(r"\bas (x_\w+__mutmut_\d+)")
+
+
+def named_tests(name: str, listed: dict, seen=()) -> tuple:
+    """The GPU tests a gpu-only survivor's reason names; "as <other mutant>" borrows that mutant's."""
+    reason = listed[name][1]
+    tests = tuple(dict.fromkeys(t if t.startswith("tests/gpu/") else f"tests/gpu/{t}" for t in _TEST.findall(reason)))
+    if tests:
+        return tests
+    other = _SAME_AS.search(reason)
+    if other:
+        borrowed = name.rsplit(".", 1)[0] + "." + other.group(1)
+        if borrowed in listed and borrowed not in seen:
+            return named_tests(borrowed, listed, (*seen, name))
+    return ()
+
+
+@functools.lru_cache(maxsize=None)
+def changed_since(commit_: str, paths: tuple) -> bool:
+    """Whether any of ``paths`` differs between ``commit_`` and the working tree (True when git cannot say)."""
+    return subprocess.run(["git", "diff", "--quiet", commit_, "--", *paths], cwd=ROOT).returncode != 0
+
+
+def gpu_record(name: str, listed: dict, kills: dict):
+    """What the GPU machine made of a listed survivor, or None. For a gpu-only line: a kill counts when the
+    tests that made it are among those the line names today; a survival only when it ran every test the line
+    names, and while their files are as they were then (a line naming other tests, or tests strengthened
+    since, is a claim not yet run)."""
+    record = kills.get(name)
+    if record is None or name not in listed:
+        return None
+    if listed[name][0] == "gpu-only":
+        named, ran = set(named_tests(name, listed)), set(record["tests"])
+        if record["result"] == "caught":
+            return record if ran <= named else None
+        files = tuple(sorted({test.split("::")[0] for test in named}))
+        if not named <= ran or changed_since(record["commit"], files):
+            return None
+    return record
+
+
 def contradicted_gpu_claims(listed: dict, kills: dict) -> list:
     """Listed survivors whose GPU record contradicts their kind: a gpu-only one whose named GPU tests all
     passed on the GPU machine, or an equivalent or open one that a GPU test killed."""
-    return sorted(name for name, (kind, _) in listed.items() if name in kills
+    return sorted(name for name, (kind, _) in listed.items() if gpu_record(name, listed, kills) is not None
                   and (kills[name]["result"] == "caught") != (kind == "gpu-only"))
 
 
@@ -363,8 +406,8 @@ def table(listed: dict) -> str:
                 continue
             survivors = [n for n in names if record["mutants"][n] not in KILLED]
             kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
-            on_gpu = sum(listed.get(n, ("",))[0] == "gpu-only" and kills.get(n, {}).get("result") == "caught"
-                         for n in survivors)
+            on_gpu = sum(listed.get(n, ("",))[0] == "gpu-only"
+                         and (gpu_record(n, listed, kills) or {}).get("result") == "caught" for n in survivors)
             scored = len(names) - kinds["equivalent"]
             killed = len(names) - len(survivors)
             reruns = [r for r in run.get("survivors_reruns", []) if module in r["modules"]]
