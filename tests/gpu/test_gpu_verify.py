@@ -25,6 +25,7 @@ import torch
 
 from gpu_support import KERNEL_FALLBACK, has_fp4_kernel
 
+import fp4_dynamo_shim
 from _fp4_dynamo_shim.fp4 import flashinfer_op
 from _fp4_dynamo_shim.verify import checks
 
@@ -126,3 +127,83 @@ def test_cuda_graph_check_compiles_with_fullgraph_so_a_graph_break_fails_it(devi
             checks.check_cuda_graph("cuda")
     finally:
         torch._dynamo.reset()
+
+
+# --- the declared-ops and FlashInfer-op checks in process: their GPU branches, and the faults they exist to see --
+
+def _declared_summary() -> str:
+    layer = fp4_dynamo_shim.status()["flashinfer_ops"]
+    if layer is None or "flashinfer.norm.layernorm" not in layer["registered"]:
+        pytest.skip("flashinfer.norm.layernorm is not a registered declared op here")
+    counts = layer["counts"]
+    return f"{counts['registered']} of {counts['declared']} declared ops registered (gate {layer['gate']})"
+
+
+class _Explanation:
+    graph_count, graph_break_count = 2, 1
+
+
+@pytest.mark.parametrize("fault", [None, "differs", "breaks"])
+def test_declared_ops_check_runs_layernorm_on_the_gpu_and_names_what_differs(fault, monkeypatch):
+    summary = _declared_summary()
+    if fault == "differs":  # stand-in: compiled and eager layernorm disagree
+        monkeypatch.setattr(torch, "equal", lambda a, b: False)
+    if fault == "breaks":  # stand-in: Dynamo explains two graphs and a break
+        monkeypatch.setattr(torch._dynamo, "explain", lambda function: lambda *arguments: _Explanation())
+    torch._dynamo.reset()
+    if fault is None:
+        assert checks.check_flashinfer_ops("cuda") == \
+            f"{summary}; layernorm: 1 graph, 0 breaks, inductor equals eager bitwise"
+        return
+    with pytest.raises(AssertionError) as failed:
+        checks.check_flashinfer_ops("cuda")
+    assert str(failed.value) == {"differs": "layernorm: 1 graphs, 0 breaks, compiled differs from eager",
+                                 "breaks": "layernorm: 2 graphs, 1 breaks, compiled equals eager"}[fault]
+
+
+needs_flashinfer_op = pytest.mark.skipif(not flashinfer_op.flashinfer_has_op(),
+                                         reason="this FlashInfer registers no torch.ops.flashinfer.fp4_quantize")
+
+
+@needs_flashinfer_op
+def test_flashinfer_op_check_compiles_captures_and_replays_on_the_gpu(device_mode):
+    torch._dynamo.reset()
+    values = checks._computes_values("cuda")
+    assert checks.check_flashinfer_op("cuda") == _expected(values, True, "")["flashinfer-op"][1]
+
+
+def _faulty_quantize(monkeypatch, fault_at_call: int, fault):
+    """``checks._quantize`` whose ``fault_at_call``-th call (from 1) gives ``fault(outputs)``."""
+    original, calls = checks._quantize, []
+
+    def quantize(x, scale):
+        calls.append(1)
+        outputs = original(x, scale)
+        return fault(outputs) if len(calls) == fault_at_call else outputs
+
+    monkeypatch.setattr(checks, "_quantize", quantize)
+
+
+@needs_flashinfer_op
+def test_flashinfer_op_check_names_a_layout_whose_strides_differ(device_mode, monkeypatch):
+    # stand-in fault: the function's values come back column-major on the first (row-major) comparison
+    _faulty_quantize(monkeypatch, 1, lambda outputs: (outputs[0].t().contiguous().t(), outputs[1]))
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError) as failed:
+        checks.check_flashinfer_op("cuda")
+    assert re.fullmatch(r"row-major: compiled op gives \(64, 128\)/\(128, 1\), the function \(64, 128\)/\(1, 64\)",
+                        str(failed.value)), str(failed.value)
+
+
+@pytest.mark.parametrize("fault_at_call, message", [
+    (2, "column-major: the compiled op's values differ from flashinfer.fp4_quantize's"),
+    (4, "the op's replayed CUDA graph differs from eager on the same inputs"),
+])
+@needs_flashinfer_op
+def test_flashinfer_op_check_names_values_that_differ_in_a_layout_or_a_replay(reference_mode, monkeypatch,
+                                                                             fault_at_call, message):
+    _faulty_quantize(monkeypatch, fault_at_call, lambda outputs: (outputs[0] ^ 1, outputs[1]))
+    torch._dynamo.reset()
+    with pytest.raises(AssertionError) as failed:
+        checks.check_flashinfer_op("cuda")
+    assert str(failed.value) == message
