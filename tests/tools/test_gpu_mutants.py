@@ -133,3 +133,18 @@ def test_a_survival_stops_counting_once_its_named_tests_are_strengthened():
     survived = lambda commit: {"m.x_f__mutmut_1": {"result": "SURVIVED", "tests": [test], "commit": commit}}
     assert run_mutmut.contradicted_gpu_claims(listed, survived(_head(run_mutmut))) == ["m.x_f__mutmut_1"]
     assert run_mutmut.contradicted_gpu_claims(listed, survived(older)) == []
+
+
+def test_a_mutant_is_caught_by_a_failing_test_a_timeout_or_a_crash_not_by_a_collection_error(tmp_path):
+    packed = tmp_path / "mutants.json"
+    packed.write_text(json.dumps({"commit": "abc1234", "mutations": [
+        {"name": "pkg.x_g__mutmut_1", "why": "why", "path": "src/m.py", "old": "a", "new": "b",
+         "tests": [f"{GPU}test_x.py::test_y"]}]}))
+    _, (mutation,) = run_mutations.load_mutations(packed)
+    verdict = lambda code, failed: run_mutations.outcome(mutation, code, failed, 0.0)
+    assert verdict(1, ["tests.test_x::test_y: AssertionError"])["result"] == "caught"
+    assert verdict("timeout", [])["result"] == "caught"
+    crashed = verdict(-11, ["pytest exit -11: Fatal Python error: Segmentation fault"])
+    assert crashed["result"] == "caught" and crashed["detail"].startswith("the named tests crashed (signal 11): ")
+    assert verdict(2, ["pytest exit 2: ERROR collecting"])["result"] == "SURVIVED"
+    assert verdict(0, [])["result"] == "SURVIVED" and verdict(0, [])["tests"] == [f"{GPU}test_x.py::test_y"]

@@ -230,6 +230,8 @@ def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
     caught = [test for test in failed if not test.startswith("pytest exit")]
     if code == "timeout":
         result, detail = "caught", "the named tests timed out"
+    elif isinstance(code, int) and code < 0:  # killed by a signal: the tests crashed, as a user's run would
+        result, detail = "caught", f"the named tests crashed (signal {-code}): {failed[-1][-200:]}"
     elif caught:
         result, detail = "caught", caught[0]
     else:
