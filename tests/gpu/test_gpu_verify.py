@@ -207,3 +207,22 @@ def test_flashinfer_op_check_names_values_that_differ_in_a_layout_or_a_replay(re
     with pytest.raises(AssertionError) as failed:
         checks.check_flashinfer_op("cuda")
     assert str(failed.value) == message
+
+
+def test_cuda_graph_check_names_a_replay_that_differs_from_eager(reference_mode, monkeypatch):
+    # stand-in fault: eager's answer (the function run outside the compiled graph, after the replay) differs
+    # from what the captured graph wrote
+    original = checks._quantize
+
+    def quantize(x, scale):
+        values, scales = original(x, scale)
+        return (values, scales) if torch.compiler.is_compiling() else (values ^ 1, scales)
+
+    monkeypatch.setattr(checks, "_quantize", quantize)
+    torch._dynamo.reset()
+    try:
+        with pytest.raises(AssertionError) as failed:
+            checks.check_cuda_graph("cuda")
+        assert str(failed.value) == "replayed outputs differ from eager on the same inputs"
+    finally:
+        torch._dynamo.reset()
