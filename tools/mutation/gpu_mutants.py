@@ -68,6 +68,7 @@ def changed_lines(original: str, mutated: str) -> str:
 def mutated_texts(names: list) -> dict:
     """name -> (original text, mutated text), rebuilt by mutmut from today's source."""
     from mutmut.mutation import diff_apply  # dev dependency; the GPU machine never packs
+    from mutmut.utils.format_utils import orig_function_and_class_names_from_key
 
     texts = {}
     by_group = {}
@@ -85,15 +86,13 @@ def mutated_texts(names: list) -> dict:
             for name in members:
                 path = source_path(name)
                 original = (tree / path).read_text()
-                function_name = name.rsplit(".", 1)[1].split("__mutmut_")[0]
-                function_name = function_name.split("ǁ")[-1] if "ǁ" in function_name else function_name[2:]
                 if path not in parsed:
                     parsed[path] = (diff_apply.cst.parse_module(original),
                                     diff_apply.cst.parse_module((tree / "mutants" / path).read_text()))
                 module, mutants_module = parsed[path]
+                function_name, _ = orig_function_and_class_names_from_key(name)
                 found = diff_apply.find_top_level_function_or_method(module, function_name)
-                mutant = diff_apply.read_mutant_function(mutants_module, name.rsplit(".", 1)[1])
-                mutant = mutant.with_changes(name=diff_apply.cst.Name(function_name))
+                mutant = diff_apply.read_mutant_function(mutants_module, name.rsplit(".", 1)[1])  # original's name
                 texts[name] = (original, module.deep_replace(found, mutant).code)
     return texts
 
