@@ -61,6 +61,15 @@ def test_the_family_check_calls_every_replaced_function_and_names_them():
     assert checks.check_family("cpu") == f"{len(replaced)} functions called once on cpu: result: {', '.join(replaced)}"
 
 
+def test_the_family_check_builds_its_examples_for_the_device_it_checks(monkeypatch):
+    """On a GPU, examples built for another device (None keeps them on the CPU) would have the check call every
+    function with CPU tensors while its line says cuda; here the device handed to family_examples shows it."""
+    handed, build = [], checks.family_examples
+    monkeypatch.setattr(checks, "family_examples", lambda device: handed.append(device) or build(device))
+    checks.check_family("cpu")
+    assert handed == ["cpu"]
+
+
 def test_the_family_examples_are_valid_calls_on_cpu():
     examples = checks.family_examples("cpu")
     assert sorted(examples) == sorted(FAMILY)
