@@ -335,9 +335,11 @@ def commit() -> str:
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True).stdout.strip()
-        return head + (" (with uncommitted changes)" if dirty else "")
+        dirty = lambda *paths: subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
+                                              cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        # the mutants come from src/ alone: a tree whose src/ is the commit's can be compared with it later
+        return head + (" (with uncommitted changes to src)" if dirty("src") else
+                       " (with uncommitted changes outside src)" if dirty() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -439,15 +441,16 @@ def code_only(text: str) -> str:
 def why_not_the_same_mutants(group: Group, run: dict):
     """None when the group's files have the code of its committed run's commit (a survivors-only rerun is valid
     only over the same mutants, so over the same code; docstrings and comments may differ); else why not."""
-    if "uncommitted" in run["commit"]:
+    if "uncommitted" in run["commit"] and "outside src" not in run["commit"]:
         return f"its run at {run['commit']} copied a tree with uncommitted changes, which cannot be compared"
-    changed = subprocess.run(["git", "diff", "--name-only", run["commit"], "--", *group_files(group)], cwd=ROOT,
+    at = run["commit"].split()[0]
+    changed = subprocess.run(["git", "diff", "--name-only", at, "--", *group_files(group)], cwd=ROOT,
                              capture_output=True, text=True)
     if changed.returncode != 0:
         return f"git cannot compare with {run['commit']}: {changed.stderr.strip()}"
     differ = []
     for path in changed.stdout.split():
-        then = subprocess.run(["git", "show", f"{run['commit']}:{path}"], cwd=ROOT, capture_output=True, text=True)
+        then = subprocess.run(["git", "show", f"{at}:{path}"], cwd=ROOT, capture_output=True, text=True)
         now = ROOT / path
         if then.returncode != 0 or not now.exists() or code_only(then.stdout) != code_only(now.read_text()):
             differ.append(path)
