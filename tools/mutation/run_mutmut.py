@@ -140,7 +140,8 @@ GROUPS = (  # cheapest first
         "sglang/releases": ["_fp4_dynamo_shim.sglang.releases.*"],
         "sglang/source": ["_fp4_dynamo_shim.sglang.source.*"],
         "verify/sglang": ["_fp4_dynamo_shim.verify.sglang.*"],
-    }, ("tests/sglang/test_sglang_releases.py", "tests/sglang/test_sglang_source.py", "tests/sglang/test_user_lines.py",
+    }, ("tests/sglang/test_sglang_releases.py", "tests/sglang/test_sglang_source.py",
+        "tests/sglang/test_sglang_source_shapes.py", "tests/sglang/test_user_lines.py",
         "tests/verify/test_checks.py")),
     Group("verify", {
         "verify/report": ["_fp4_dynamo_shim.verify.report.*"],
