@@ -92,7 +92,7 @@ def test_the_tests_are_those_the_reason_names_or_borrows():
 def test_no_gpu_only_claim_stands_that_the_gpu_saw_survive():
     run_mutmut = _load("run_mutmut")
     listed = run_mutmut.read_survivors()
-    kills = json.loads(gpu_mutants.KILLS.read_text())
+    kills = json.loads(gpu_mutants.GPU_KILLS.read_text())
     assert run_mutmut.contradicted_gpu_claims(listed, kills) == []
     killed = [n for n, record in kills.items() if record["result"] == "caught" and n in listed]
     assert all(listed[n][0] == "gpu-only" for n in killed), "killed on the GPU, so neither equivalent nor open"

@@ -29,11 +29,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run_mutmut import (RESULTS, ROOT, commit, configure_tree, group_of_module, module_of,  # noqa: E402
-                        named_tests, read_survivors)
+from run_mutmut import (GPU_KILLS, RESULTS, ROOT, commit, configure_tree, gpu_kills,  # noqa: E402
+                        group_of_module, module_of, named_tests, read_survivors)
 from run_mutations import copy_project  # noqa: E402
 
-KILLS = HERE / "gpu_kills.json"
 def source_path(name: str) -> str:
     """src/... of a mutant's module (``_fp4_dynamo_shim.verify.checks.x_f__mutmut_3`` -> its file)."""
     module = name.split(".x")[0]
@@ -125,7 +124,7 @@ def pack(options) -> int:
 
 
 def record(options) -> int:
-    kills = json.loads(KILLS.read_text()) if KILLS.exists() else {}
+    kills = gpu_kills()
     listed = read_survivors()
     for path in options.results:
         document = json.loads(Path(path).read_text())
@@ -136,10 +135,10 @@ def record(options) -> int:
             kills[result["name"]] = {"result": result["result"], "detail": result["detail"], "tests": result["tests"],
                                      "seconds": round(result["seconds"]), "commit": document["commit"],
                                      "date": options.date, "site": options.site, "machine": options.machine}
-    KILLS.write_text(json.dumps(dict(sorted(kills.items())), indent=1) + "\n")
+    GPU_KILLS.write_text(json.dumps(dict(sorted(kills.items())), indent=1) + "\n")
     gpu_only = [n for n, (kind, _) in listed.items() if kind == "gpu-only"]
     caught = sum(kills.get(n, {}).get("result") == "caught" for n in gpu_only)
-    print(f"wrote {KILLS.relative_to(ROOT)}: {caught} of {len(gpu_only)} gpu-only survivors killed on the GPU")
+    print(f"wrote {GPU_KILLS.relative_to(ROOT)}: {caught} of {len(gpu_only)} gpu-only survivors killed on the GPU")
     return 0
 
 
@@ -149,7 +148,7 @@ def main() -> int:
     packing = verbs.add_parser("pack", help="write the gpu-only survivors as edits with their named GPU tests")
     packing.add_argument("--out", type=Path, required=True)
     packing.add_argument("--module", action="append", help="only these modules' survivors (run_mutmut's names)")
-    recording = verbs.add_parser("record", help=f"merge run_mutations.py --json reports into {KILLS.name}")
+    recording = verbs.add_parser("record", help=f"merge run_mutations.py --json reports into {GPU_KILLS.name}")
     recording.add_argument("results", nargs="+")
     recording.add_argument("--site", required=True, help="the FlashInfer/SGLang releases the tests ran with")
     recording.add_argument("--machine", default="NVIDIA H200 (SM90)")

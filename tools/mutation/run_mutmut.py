@@ -25,6 +25,7 @@ Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutm
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import datetime
 import fnmatch
@@ -427,8 +428,6 @@ def code_only(text: str) -> str:
     """The source's syntax tree without docstrings, comments, layout or line numbers: what mutmut's mutants are
     made from (it mutates no triple-quoted string), so two texts with the same ``code_only`` have the same
     mutants under the same names."""
-    import ast
-
     tree = ast.parse(text)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
