@@ -12,6 +12,7 @@ import torch
 
 import fp4_dynamo_shim
 import helpers
+import own_site
 import stand_in_gpu
 import venvs
 from _fp4_dynamo_shim.entry import sglang_plugin
@@ -55,6 +56,13 @@ def _fresh_dynamo_and_applied_shim():
         fp4_dynamo_shim.revert()  # a test changed FP4_DYNAMO_SHIM_* and monkeypatch has put it back
     if not fp4_dynamo_shim.status()["applied"]:
         assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
+
+
+@pytest.fixture(autouse=True)
+def _own_site_untouched():
+    """No test changes the start-up files of this interpreter's own site directories (tests/support/own_site.py)."""
+    with own_site.untouched():
+        yield
 
 
 @pytest.fixture
