@@ -70,6 +70,17 @@ def test_the_family_check_builds_its_examples_for_the_device_it_checks(monkeypat
     assert handed == ["cpu"]
 
 
+def test_the_family_examples_move_the_gpu_functions_inputs_to_the_device_and_keep_the_host_functions():
+    """The device the check names reaches every input of the functions that run there, and only those: the two
+    host functions take CPU tensors wherever the check runs. The meta device stands in for cuda (a CPU has
+    none): moving a tensor there is the same ``.to(device)`` and leaves an unmistakable device behind, which a
+    "cpu" check cannot tell from leaving the inputs where they were built."""
+    host = {"e2m1_and_ufp8sf_scale_to_float", "mxfp4_dequantize_host"}
+    for name, (args, _) in checks.family_examples("meta").items():
+        devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+        assert devices == ({"cpu"} if name in host else {"meta"}), (name, devices)
+
+
 def test_the_family_examples_are_valid_calls_on_cpu():
     examples = checks.family_examples("cpu")
     assert sorted(examples) == sorted(FAMILY)
