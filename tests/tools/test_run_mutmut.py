@@ -129,3 +129,16 @@ def test_the_commit_a_run_copies_says_whether_src_differed_from_it(history, tmp_
     assert run_mutmut.commit() == f"{head} (with uncommitted changes outside src)"
     path.write_text(path.read_text() + "# edited\n")
     assert run_mutmut.commit() == f"{head} (with uncommitted changes to src)"
+
+
+def test_every_module_of_the_implementation_with_a_function_is_in_one_mutmut_group():
+    """A module left out of every group is never mutated and never appears in docs/testing.md's table: its
+    score would be silently missing. Modules without a function (errors.py, the empty package files) give
+    mutmut nothing to mutate."""
+    grouped = [file for group in run_mutmut.GROUPS for file in run_mutmut.group_files(group)]
+    assert len(grouped) == len(set(grouped)), "a file in two groups"
+    with_functions = {str(path.relative_to(ROOT)) for path in SOURCES
+                      if any(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                             for node in ast.walk(ast.parse(path.read_text())))}
+    assert with_functions - set(grouped) == set()
+    assert set(grouped) - with_functions == set(), "a group names a file with nothing to mutate, or none at all"

@@ -73,6 +73,8 @@ class Group:
     name: str
     modules: dict
     tests: tuple
+    #: At most this many mutants at once, whatever --max-children says (see the group that sets it).
+    most_children: int = 2
 
     @property
     def slug(self) -> str:
@@ -171,6 +173,24 @@ GROUPS = (  # cheapest first
         "tests/declared/test_declared_getter.py", "tests/declared/test_declared_scan_cases.py",
         "tests/declared/test_declared_layer_cases.py", "tests/declared/test_declared_polyfill_cases.py",
         "tests/declared/test_declared_codegen_cases.py", "tests/declared/test_declared_build_cases.py")),
+    Group("start-up and front", {
+        "routes/site_files": ["_fp4_dynamo_shim.routes.site_files.*"],
+        "routes/importer": ["_fp4_dynamo_shim.routes.importer.*"],
+        "entry/startup": ["_fp4_dynamo_shim.entry.startup.*"],
+        "entry/sglang_plugin": ["_fp4_dynamo_shim.entry.sglang_plugin.*"],
+        "cli": ["_fp4_dynamo_shim.cli.*"],
+        "usage": ["_fp4_dynamo_shim.usage.*"],
+        "fp4/kernels": ["_fp4_dynamo_shim.fp4.kernels.*"],
+        "fp4/layer": ["_fp4_dynamo_shim.fp4.layer.*"],
+    }, ("-m", "not slow", "tests/activation/test_routes.py", "tests/activation/test_activation.py",
+        "tests/activation/test_installed_lines.py", "tests/verify/test_cli.py", "tests/verify/test_report.py",
+        "tests/verify/test_workers.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_apply_steps.py",
+        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", "tests/fp4/test_kernel_modes.py",
+        "tests/fp4/test_checkpoints.py", "tests/fp4/test_parity.py", "tests/declared/test_declared.py",
+        "tests/declared/test_declared_layer_cases.py", "tests/sglang/test_sglang_wrapper.py", *_SUBPROCESS_TESTS),
+        # A mutant that loses the temporary site directory writes the interpreter's own; the tests' guard
+        # (tests/support/own_site.py) fails it and puts the files back, which only works one mutant at a time.
+        most_children=1),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
@@ -319,6 +339,7 @@ def run_group(group: Group, names, scratch: Path, children: int, stats_from=None
         shutil.copy(stats_from, tree / "mutants" / "mutmut-stats.json")
     log = scratch / f"{tree.name}.log"
     patterns = [p for patterns in group.modules.values() for p in patterns]
+    children = min(children, group.most_children)
     run = mutmut(tree, "run", "--max-children", str(children), *(names or patterns), log=log)
     outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     if names is not None:
@@ -382,7 +403,7 @@ def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, childr
         mutants = {n: s for n, s in mutants.items() if module_of(n) not in group.modules}
         not_killed = {n: d for n, d in not_killed.items() if module_of(n) not in group.modules}
         runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": copied_at,
-                            "seconds": round(seconds[group.name]), "max_children": children,
+                            "seconds": round(seconds[group.name]), "max_children": min(children, group.most_children),
                             "mutants": sum(module_of(n) in group.modules for n in outcome)}
     mutants.update(outcome)
     not_killed.update({n: diffs.get(n, "") for n, s in outcome.items() if s not in KILLED})
