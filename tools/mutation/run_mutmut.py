@@ -180,8 +180,6 @@ GROUPS = (  # cheapest first
         "entry/sglang_plugin": ["_fp4_dynamo_shim.entry.sglang_plugin.*"],
         "cli": ["_fp4_dynamo_shim.cli.*"],
         "usage": ["_fp4_dynamo_shim.usage.*"],
-        "fp4/kernels": ["_fp4_dynamo_shim.fp4.kernels.*"],
-        "fp4/layer": ["_fp4_dynamo_shim.fp4.layer.*"],
     }, ("-m", "not slow", "tests/activation/test_routes.py", "tests/activation/test_activation.py",
         "tests/activation/test_installed_lines.py", "tests/verify/test_cli.py", "tests/verify/test_report.py",
         "tests/verify/test_workers.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_apply_steps.py",
@@ -191,6 +189,17 @@ GROUPS = (  # cheapest first
         # A mutant that loses the temporary site directory writes the interpreter's own; the tests' guard
         # (tests/support/own_site.py) fails it and puts the files back, which only works one mutant at a time.
         most_children=1),
+    # Every test applies the shim (an autouse fixture), so every test reaches these two: the tests about
+    # applying, the kernel modes and the JIT build's faults (without their two multi-process ones) keep a
+    # surviving mutant's run under a minute.
+    Group("FP4 kernels and layer", {
+        "fp4/kernels": ["_fp4_dynamo_shim.fp4.kernels.*"],
+        "fp4/layer": ["_fp4_dynamo_shim.fp4.layer.*"],
+    }, ("tests/fp4/test_kernel_modes.py", "tests/fp4/test_family_kernel.py", "tests/lifecycle/test_apply_steps.py",
+        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_faults.py", "tests/lifecycle/test_rebind.py",
+        "--deselect", "tests/lifecycle/test_faults.py::test_eight_processes_applying_at_once_all_succeed",
+        "--deselect", "tests/lifecycle/test_faults.py::test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so",
+        *_SUBPROCESS_TESTS)),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
