@@ -87,6 +87,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     else:
         try:
             changed = hook.uninstall_hook(options.site_dir)
+        except ValueError as error:  # a block whose end marker is gone: nothing was changed
+            print(f"fp4-dynamo-shim uninstall-hook: {error}", file=sys.stderr)
+            return EXIT_FAILED
         except OSError as error:
             print(f"fp4-dynamo-shim uninstall-hook: cannot change {options.site_dir or hook.default_site_dir()} "
                   f"({error.strerror or error})", file=sys.stderr)

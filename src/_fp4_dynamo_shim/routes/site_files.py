@@ -137,16 +137,23 @@ def _without_block(text: str) -> str:
 
 
 def _write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` in one step, keeping its permission bits; a new file gets what ``open`` would give it
+    (mkstemp's own 0600 would hide a hook that root installs from every other user's interpreter)."""
     handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
-        if path.exists():
-            os.chmod(temporary, path.stat().st_mode & 0o777)
+        os.chmod(temporary, path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
         os.unlink(temporary)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,8 +182,9 @@ def _probe(directory: Path, route: str) -> tuple:
     environment.pop("FP4_DYNAMO_SHIM_DISABLE", None)
     if route == "sitecustomize" and not _is_site_dir(directory):
         environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(directory), environment.get("PYTHONPATH")) if p)
-    completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=environment,
-                               timeout=120)
+    # Another start-up file may print anything, in any encoding: only the probe's own last line is read.
+    completed = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, errors="replace",
+                               env=environment, timeout=120)
     if completed.returncode != 0:
         return None, None
     return tuple(json.loads(completed.stdout.strip().splitlines()[-1]))
@@ -203,7 +211,13 @@ def install_hook(site_dir: Optional[Path] = None, sitecustomize: bool = False, c
             separator = "" if not existing or existing.endswith("\n") else "\n"
             _write_atomically(path, existing + separator + ("\n" if existing else "") + BLOCK)
     if check:
-        hook_route, origin = _probe(directory, route)
+        try:
+            hook_route, origin = _probe(directory, route)
+        except (subprocess.TimeoutExpired, ValueError, IndexError) as error:
+            if changed:
+                _undo(path, route, existing)
+            raise HookNotRunning(f"wrote the hook to {path}, but could not check that a new interpreter runs it "
+                                 f"({type(error).__name__}: {error}); took it back out.") from error
         if hook_route is None:
             if changed:
                 _undo(path, route, existing)
@@ -232,15 +246,18 @@ def uninstall_hook(site_dir: Optional[Path] = None) -> List[Path]:
     """Remove what ``install-hook`` wrote in ``site_dir`` (its .pth, its sitecustomize block; the file
     itself only if nothing else was in it). Returns the files changed."""
     directory = Path(site_dir or default_site_dir())
+    path = directory / "sitecustomize.py"
+    existing = path.read_text() if path.exists() else None
+    try:  # before anything is removed: a block that cannot be taken out leaves both files as they are
+        remaining = _without_block(existing) if existing is not None else None
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
     changed = []
     pth = directory / HOOK_PTH
     if pth.exists():
         pth.unlink()
         changed.append(pth)
-    path = directory / "sitecustomize.py"
-    if path.exists():
-        existing = path.read_text()
-        remaining = _without_block(existing)
+    if existing is not None:
         if remaining != existing:
             if remaining.strip():
                 _write_atomically(path, remaining.rstrip("\n") + "\n")

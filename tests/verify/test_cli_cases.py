@@ -1,0 +1,199 @@
+"""``fp4-dynamo-shim`` in process: every command's words, exit code and stream, and what it hands on.
+
+tests/verify/test_cli.py runs the command line as users install it (a console script in a venv, ``python -m``),
+which costs a child interpreter per case. Here ``cli.main`` is called directly, so each of its branches is held
+cheaply: the help pages against the reviewed text (tests/data/cli_help.txt), ``status``, the hand-over to
+verify, and install-hook/uninstall-hook's messages. Where a case needs a hook command to fail or to report
+something the real writer only does on another machine (a file in the way, two files removed at once),
+``site_files.install_hook``/``uninstall_hook`` are stood in by functions that return or raise what the real
+ones do; the writer itself is held by tests/activation's route tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+import cli_help
+import fp4_dynamo_shim
+from _fp4_dynamo_shim import cli
+from _fp4_dynamo_shim.errors import EXIT_USAGE
+from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.verify import report
+
+
+def test_the_help_pages_are_the_reviewed_text():
+    if cli_help.recorded_python_version() != cli_help.python_version():
+        pytest.skip(f"tests/data/cli_help.txt holds argparse's layout under Python {cli_help.recorded_python_version()}")
+    assert cli_help.pages() == cli_help.FILE.read_text(), "python tools/golden/cli_help.py, then review the diff"
+
+
+def test_version_prints_the_packages_own_version(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, words", [
+    ([], "the following arguments are required: command"),
+    (["install-hook", "--unknown"], "unrecognized arguments: --unknown"),
+    (["status", "extra"], "unrecognized arguments: extra"),
+])
+def test_a_usage_error_exits_3_on_stderr_with_the_usage_line(argv, words, capsys):
+    """3, not argparse's 2, which means "not applied" here; a command's own parser too."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(argv)
+    error = capsys.readouterr().err
+    assert exited.value.code == EXIT_USAGE and error.startswith("usage: fp4-dynamo-shim") and words in error, error
+
+
+@pytest.mark.parametrize("from_sys_argv", [False, True])
+def test_status_prints_this_process_status_as_indented_json(from_sys_argv, monkeypatch, capsys):
+    if from_sys_argv:
+        monkeypatch.setattr(sys, "argv", ["fp4-dynamo-shim", "status"])
+    assert cli.main(None if from_sys_argv else ["status"]) == 0
+    assert capsys.readouterr().out == json.dumps(fp4_dynamo_shim.status(), indent=2) + "\n"
+
+
+def test_verify_hands_every_argument_after_it_to_verifys_own_command_line(monkeypatch):
+    handed = []
+    monkeypatch.setattr(report, "main", lambda argv: handed.append(argv) or 7)
+    assert cli.main(["verify", "--json", "--device", "cpu"]) == 7
+    assert handed == [["--json", "--device", "cpu"]]
+
+
+@pytest.mark.parametrize("command", ["install-hook", "uninstall-hook"])
+def test_a_site_dir_that_is_not_a_directory_is_a_usage_error_naming_it(command, tmp_path, capsys):
+    missing = tmp_path / "missing"
+    with pytest.raises(SystemExit) as exited:
+        cli.main([command, "--site-dir", str(missing)])
+    assert exited.value.code == EXIT_USAGE
+    assert f"fp4-dynamo-shim: error: {command}: {missing} is not a directory" in capsys.readouterr().err
+
+
+@pytest.fixture
+def hook_stand_ins(monkeypatch):
+    """install_hook/uninstall_hook replaced: each records its arguments and returns (or raises) what the test
+    sets, so that main's handling of each outcome is seen without writing anything."""
+    calls, outcome = [], {}
+
+    def stand_in(name):
+        def call(*arguments, **keywords):
+            calls.append((name, arguments, keywords))
+            if isinstance(outcome.get(name), BaseException):
+                raise outcome[name]
+            return outcome.get(name)
+        return call
+
+    monkeypatch.setattr(site_files, "install_hook", stand_in("install"))
+    monkeypatch.setattr(site_files, "uninstall_hook", stand_in("uninstall"))
+    monkeypatch.delenv("FP4_DYNAMO_SHIM_DISABLE", raising=False)
+    return calls, outcome
+
+
+@pytest.mark.parametrize("flag", [[], ["--sitecustomize"]])
+def test_install_hook_hands_the_site_dir_and_the_sitecustomize_flag_to_the_writer(flag, hook_stand_ins, tmp_path):
+    calls, outcome = hook_stand_ins
+    outcome["install"] = site_files.Installed(tmp_path / "sitecustomize.py", True, "sitecustomize")
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path), *flag]) == 0
+    assert calls == [("install", (tmp_path,), {"sitecustomize": bool(flag)})]
+
+
+@pytest.mark.parametrize("changed, verb", [(True, "wrote the import hook to"), (False, "import hook already present in")])
+def test_install_hook_says_what_it_wrote_or_found_and_the_route(changed, verb, hook_stand_ins, tmp_path, capsys):
+    _, outcome = hook_stand_ins
+    outcome["install"] = site_files.Installed(tmp_path / site_files.HOOK_PTH, changed, "pth")
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
+    said = capsys.readouterr()
+    assert said.out == f"{verb} {tmp_path / site_files.HOOK_PTH} (pth route; checked: a new interpreter runs it)\n"
+    assert said.err == ""
+
+
+def test_install_hook_under_the_kill_switch_says_the_hook_does_nothing_while_it_is_set(hook_stand_ins, tmp_path,
+                                                                                      monkeypatch, capsys):
+    _, outcome = hook_stand_ins
+    outcome["install"] = site_files.Installed(tmp_path / "sitecustomize.py", True, "sitecustomize")
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "yes")
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == (
+        "fp4-dynamo-shim install-hook: FP4_DYNAMO_SHIM_DISABLE=yes is set in this environment: the hook is installed "
+        "(checked without the variable), but it applies nothing in any process that inherits the variable. Unset "
+        "it to have the shim applied.\n")
+
+
+@pytest.mark.parametrize("value", ["0", ""])
+def test_there_is_no_kill_switch_note_where_the_switch_is_off(value, monkeypatch):
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", value)
+    assert cli._kill_switch_note() is None
+
+
+def test_install_hook_that_a_new_interpreter_does_not_run_fails_with_the_writers_words(hook_stand_ins, tmp_path,
+                                                                                       capsys):
+    _, outcome = hook_stand_ins
+    outcome["install"] = site_files.HookNotRunning("the file in the way is /x/sitecustomize.py")
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert said.err == "fp4-dynamo-shim install-hook: the file in the way is /x/sitecustomize.py\n" and said.out == ""
+
+
+@pytest.mark.parametrize("command, error, words", [
+    ("install-hook", PermissionError(13, "Permission denied"), "cannot write the hook in {} (Permission denied); "
+                                                               "nothing was changed"),
+    ("install-hook", OSError("the disk went away"), "cannot write the hook in {} (the disk went away); "
+                                                    "nothing was changed"),
+    ("uninstall-hook", PermissionError(13, "Permission denied"), "cannot change {} (Permission denied)"),
+    ("uninstall-hook", OSError("the disk went away"), "cannot change {} (the disk went away)"),
+])
+@pytest.mark.parametrize("given", [True, False])
+def test_a_hook_command_that_cannot_write_names_the_directory_and_the_reason(command, error, words, given,
+                                                                           hook_stand_ins, tmp_path, monkeypatch,
+                                                                           capsys):
+    """The directory named is the one given, or this interpreter's site-packages where none is (stood in)."""
+    _, outcome = hook_stand_ins
+    outcome["install" if command == "install-hook" else "uninstall"] = error
+    monkeypatch.setattr(site_files, "default_site_dir", lambda: Path("/the/default/site-packages"))
+    where = tmp_path if given else Path("/the/default/site-packages")
+    assert cli.main([command, *(["--site-dir", str(tmp_path)] if given else [])]) == 1
+    said = capsys.readouterr()
+    assert said.err == f"fp4-dynamo-shim {command}: {words.format(where)}\n" and said.out == ""
+
+
+@pytest.mark.parametrize("removed", [1, 2])
+def test_uninstall_hook_names_every_file_it_changed(removed, hook_stand_ins, tmp_path, capsys):
+    calls, outcome = hook_stand_ins
+    outcome["uninstall"] = [tmp_path / "sitecustomize.py", tmp_path / site_files.HOOK_PTH][:removed]
+    assert cli.main(["uninstall-hook", "--site-dir", str(tmp_path)]) == 0
+    assert calls == [("uninstall", (tmp_path,), {})]
+    assert capsys.readouterr().out == "removed the import hook from " + ", ".join(map(str, outcome["uninstall"])) + "\n"
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_uninstall_hook_with_nothing_to_remove_names_where_it_looked(given, hook_stand_ins, tmp_path, monkeypatch,
+                                                                     capsys):
+    _, outcome = hook_stand_ins
+    outcome["uninstall"] = []
+    monkeypatch.setattr(site_files, "default_site_dir", lambda: Path("/the/default/site-packages"))
+    assert cli.main(["uninstall-hook", *(["--site-dir", str(tmp_path)] if given else [])]) == 0
+    assert capsys.readouterr().out == f"no import hook in {tmp_path if given else '/the/default/site-packages'}\n"
+
+
+def test_install_and_uninstall_hook_for_real_in_a_directory_on_no_site_path(tmp_path, capsys):
+    """The real writer and its check (a new interpreter that finds the block), end to end through main."""
+    block = tmp_path / "sitecustomize.py"
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"wrote the import hook to {block} (sitecustomize route; checked: a new " \
+                                      "interpreter runs it)\n"
+    assert cli.main(["uninstall-hook", "--site-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"removed the import hook from {block}\n" and not block.exists()
+
+
+def test_uninstall_hook_on_a_block_whose_end_marker_is_gone_fails_naming_the_file(tmp_path, capsys):
+    path = tmp_path / "sitecustomize.py"
+    path.write_text(site_files.BLOCK.replace(site_files.END, "# edited by hand"))
+    assert cli.main(["uninstall-hook", "--site-dir", str(tmp_path)]) == 1
+    said = capsys.readouterr()
+    assert said.err == (f"fp4-dynamo-shim uninstall-hook: {path}: found {site_files.BEGIN!r} without "
+                        f"{site_files.END!r}; fix the file by hand\n") and said.out == ""
