@@ -9,6 +9,8 @@ import sys
 
 #: The modules ``python -m`` runs as the command line (their package is imported on the way).
 COMMAND_LINE_MODULES = ("fp4_dynamo_shim", "fp4_dynamo_shim.__main__", "fp4_dynamo_shim.verify")
+#: The interpreter's long options that take the next argument as their value (the others take none).
+LONG_OPTIONS_WITH_A_VALUE = ("--check-hash-based-pycs",)
 
 
 def running_the_command_line():
@@ -25,6 +27,8 @@ def module_after_m(arguments):
         if argument == "--" or not argument.startswith("-") or argument == "-":
             return None
         if argument.startswith("--"):
+            if argument in LONG_OPTIONS_WITH_A_VALUE and arguments:
+                arguments.pop(0)
             continue
         for position, flag in enumerate(argument[1:], 1):
             rest = argument[position + 1:]
