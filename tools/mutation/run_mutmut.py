@@ -181,11 +181,12 @@ GROUPS = (  # cheapest first
         "cli": ["_fp4_dynamo_shim.cli.*"],
         "usage": ["_fp4_dynamo_shim.usage.*"],
     }, ("-m", "not slow", "tests/activation/test_routes.py", "tests/activation/test_activation.py",
-        "tests/activation/test_installed_lines.py", "tests/verify/test_cli.py", "tests/verify/test_report.py",
+        "tests/activation/test_installed_lines.py", "tests/activation/test_site_files_cases.py",
+        "tests/activation/test_startup_cases.py", "tests/verify/test_cli.py", "tests/verify/test_cli_cases.py",
+        "tests/verify/test_report.py",
         "tests/verify/test_workers.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_apply_steps.py",
-        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", "tests/fp4/test_kernel_modes.py",
-        "tests/fp4/test_checkpoints.py", "tests/fp4/test_parity.py", "tests/declared/test_declared.py",
-        "tests/declared/test_declared_layer_cases.py", "tests/sglang/test_sglang_wrapper.py", *_SUBPROCESS_TESTS),
+        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", "tests/sglang/test_sglang_wrapper.py",
+        *_SUBPROCESS_TESTS),
         # A mutant that loses the temporary site directory writes the interpreter's own; the tests' guard
         # (tests/support/own_site.py) fails it and puts the files back, which only works one mutant at a time.
         most_children=1),
