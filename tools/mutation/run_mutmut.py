@@ -185,8 +185,7 @@ GROUPS = (  # cheapest first
         "tests/activation/test_startup_cases.py", "tests/verify/test_cli.py", "tests/verify/test_cli_cases.py",
         "tests/verify/test_report.py",
         "tests/verify/test_workers.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_apply_steps.py",
-        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", "tests/sglang/test_sglang_wrapper.py",
-        *_SUBPROCESS_TESTS),
+        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", *_SUBPROCESS_TESTS),
         # A mutant that loses the temporary site directory writes the interpreter's own; the tests' guard
         # (tests/support/own_site.py) fails it and puts the files back, which only works one mutant at a time.
         most_children=1),
