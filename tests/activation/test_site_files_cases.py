@@ -369,3 +369,10 @@ def test_a_check_that_cannot_finish_takes_the_hook_back_out_and_says_so(existing
                                         "it (TimeoutExpired: Command ")
     assert str(raised.value).endswith("timed out after 120 seconds); took it back out.")
     assert (path.read_text() if existing is not None else path.exists()) == (existing or False)
+
+
+def test_a_sitecustomize_module_without_a_file_or_spec_reads_as_none(monkeypatch):
+    """A sitecustomize put in sys.modules by hand (no ``__file__``, ``__spec__`` None) makes find_spec raise
+    ValueError: the origin is then unknown, not an error."""
+    monkeypatch.setitem(sys.modules, "sitecustomize", types.ModuleType("sitecustomize"))
+    assert hook._sitecustomize_origin() is None
