@@ -195,7 +195,8 @@ GROUPS = (  # cheapest first
     Group("FP4 kernels and layer", {
         "fp4/kernels": ["_fp4_dynamo_shim.fp4.kernels.*"],
         "fp4/layer": ["_fp4_dynamo_shim.fp4.layer.*"],
-    }, ("tests/fp4/test_kernel_modes.py", "tests/fp4/test_family_kernel.py", "tests/lifecycle/test_apply_steps.py",
+    }, ("tests/fp4/test_kernels_cases.py", "tests/fp4/test_layer_cases.py", "tests/fp4/test_kernel_modes.py",
+        "tests/fp4/test_family_kernel.py", "tests/lifecycle/test_apply_steps.py",
         "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_faults.py", "tests/lifecycle/test_rebind.py",
         "--deselect", "tests/lifecycle/test_faults.py::test_eight_processes_applying_at_once_all_succeed",
         "--deselect", "tests/lifecycle/test_faults.py::test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so",
