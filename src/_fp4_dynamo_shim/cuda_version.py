@@ -20,8 +20,15 @@ import torch
 from packaging.version import Version
 
 from . import rebind
+from .sources import Part
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
+
+#: What an untested release is compared on: both lookups, defined where the shim rebinds them (a lookup that
+#: moved or was renamed is one the shim would miss). Their bodies are replaced whole, so only presence,
+#: place and signature count.
+PART = Part("get_cuda_version", "flashinfer.jit.cpp_ext", "get_cuda_version", names=("is_cuda_version_at_least",),
+            source=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,15 +151,26 @@ class CudaLayer:
 
     resolved: CudaVersion
     swaps: rebind.Swaps = dataclasses.field(default_factory=rebind.Swaps)
+    #: Why the lookups were left as FlashInfer's (an untested release whose sources differ), or None.
+    left: Optional[str] = None
 
     def undo(self) -> None:
         self.swaps.undo()
 
     def describe(self) -> dict:
+        if self.left is not None:
+            skipped = [f"CUDA version: {PART.name} differs ({self.left}); FlashInfer's own lookup is kept"]
+        elif self.resolved.version is None:
+            skipped = ["CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept"]
+        else:
+            skipped = []
         return {"cuda_version": describe(self.resolved),
-                "warnings": [self.resolved.problem] if self.resolved.problem else [],
-                "skipped": [] if self.resolved.version is not None else [
-                    "CUDA version: neither torch nor nvcc reports one; FlashInfer's own lookup is kept"]}
+                "warnings": [self.resolved.problem] if self.resolved.problem else [], "skipped": skipped}
+
+
+def left_alone(reason: str) -> CudaLayer:
+    """The layer for a release whose lookups differ from the tested ones: nothing rebound."""
+    return CudaLayer(CudaVersion(None, "none", None, None), left=reason)
 
 
 def apply(setting: str, cpp_ext) -> CudaLayer:

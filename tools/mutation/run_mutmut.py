@@ -201,6 +201,12 @@ GROUPS = (  # cheapest first
         "--deselect", "tests/lifecycle/test_faults.py::test_eight_processes_applying_at_once_all_succeed",
         "--deselect", "tests/lifecycle/test_faults.py::test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so",
         *_SUBPROCESS_TESTS)),
+    # A release newer than tested, judged from its sources: the tool's tests run it in this process.
+    Group("newer releases", {
+        "sources": ["_fp4_dynamo_shim.sources.*"],
+        "release_parts": ["_fp4_dynamo_shim.release_parts.*"],
+        "fp4/parts": ["_fp4_dynamo_shim.fp4.parts.*"],
+    }, ("tests/tools/test_release_parts.py", "tests/lifecycle/test_newer_release.py")),
 )
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 

@@ -208,6 +208,10 @@ MEMBERS = (
 )
 
 
+#: Members whose ``implement`` calls the shim's ``fp4_quantize`` (they stay FlashInfer's where it does).
+THROUGH_FP4_QUANTIZE = ("nvfp4_quantize", "mxfp4_quantize")
+
+
 def members_for(version: str):
     return rows_for(version, MEMBERS)
 
@@ -229,15 +233,18 @@ def make_dispatch(member: Member, context: Context, original: Callable) -> Calla
     return dispatch
 
 
-def build_replacements(version: str, fp4_module, fp4_replacement, recipe):
+def build_replacements(version: str, fp4_module, fp4_replacement, recipe, left: dict = None):
     """{name: (original, replacement)} for each family function of this release, and a per-function report.
 
-    A function this release lacks is reported as absent; one whose signature the shim cannot mirror is
-    reported and left alone (FlashInfer's own function stays in place).
+    A function this release lacks is reported as absent; one whose signature the shim cannot mirror, or that
+    ``left`` names (name -> why), is reported and left alone (FlashInfer's own function stays in place).
     """
     context = Context(fp4_module, fp4_replacement, recipe)
-    replaced, report = {}, {}
+    replaced, report, left = {}, {}, left or {}
     for member in members_for(version):
+        if member.name in left:
+            report[member.name] = f"left as FlashInfer's: {left[member.name]}"
+            continue
         module_name = fp4_module.__name__ if member.module == "fp4" else member.module
         try:
             original = getattr(importlib.import_module(module_name), member.name)
