@@ -19,10 +19,11 @@ from typing import Callable, List, Optional
 
 import torch
 
-from . import cuda_version, rebind, switches, versions
+from . import cuda_version, rebind, release_parts, switches, versions
 from .declared import layer as declared_layer
 from .errors import ApplyError
 from .fp4 import layer as fp4_layer
+from .fp4 import parts as fp4_parts
 from .fp4 import releases as targets
 from .routes import site_files as hook
 from .settings import Settings
@@ -39,6 +40,8 @@ class _Applied:
     settings: Settings
     #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
     route: str
+    #: The installed release, and for an untested one which of its parts match the newest tested release.
+    release: release_parts.Judgement
     cuda: cuda_version.CudaLayer
     fp4: fp4_layer.Fp4Layer
     declared: declared_layer.DeclaredLayer
@@ -104,48 +107,74 @@ def apply(route: str = "apply()") -> bool:
         version = flashinfer_version()
         if version is None:
             return _refuse("flashinfer-python is not installed", settings, warn=False)
-        target = targets.target_for(version)
-        if target is None:
+        judgement = release_parts.judge(version)
+        if judgement is None:
             return _refuse(
-                f"flashinfer-python {version} is not supported (supported: {versions.SUPPORTED_RANGE}); "
-                "FlashInfer was left untouched", settings,
+                f"flashinfer-python {version} is not supported (supported: {versions.SUPPORTED_RANGE}, and newer "
+                "releases part by part); FlashInfer was left untouched", settings,
+            )
+        if not judgement.tested and settings.strict:
+            return _refuse(
+                f"flashinfer-python {version} is newer than the tested range ({versions.SUPPORTED_RANGE}) and "
+                f"{switches.STRICT}=1 accepts only tested releases; FlashInfer was left untouched", settings,
             )
         try:
-            _apply(version, target, settings, route)
+            _apply(judgement, settings, route)
         except Exception as error:  # anything at all: FlashInfer has already been restored
             return _refuse(f"{type(error).__name__}: {error}; FlashInfer was left untouched", settings, cause=error)
         return True
 
 
-def _apply(version: str, target: targets.Target, settings: Settings, route: str) -> None:
+def _warn_left_parts(judgement: release_parts.Judgement) -> None:
+    """One warning per part of an untested release that differs, naming the parts that follow it."""
+    for name, words in judgement.differences.items():
+        if words:
+            following = [part for part, cause in judgement.follows.items() if cause == name]
+            switches.warn(
+                f"flashinfer-python {judgement.version} is newer than the tested range: its {name} differs from "
+                f"{judgement.row}'s ({'; '.join(words)}), so the shim leaves it as FlashInfer's"
+                + (f", and with it {', '.join(following)}" if following else "")
+                + " (python -m fp4_dynamo_shim.verify lists every part)"
+            )
+
+
+def _apply(judgement: release_parts.Judgement, settings: Settings, route: str) -> None:
     """The layers in order: the CUDA version FlashInfer's JIT sees (building the FP4 kernels asks it), the FP4
-    layer, FlashInfer's declared ops. A failure undoes the layers already applied, newest first."""
+    layer, FlashInfer's declared ops. A part of an untested release that differs from the newest tested one
+    stays FlashInfer's. A failure undoes the layers already applied, newest first."""
     global _applied, _last_problem
+    target, left = targets.target_for(judgement.row), judgement.left
     try:
-        module = importlib.import_module(target.module)
-        cpp_ext = importlib.import_module(CPP_EXT)
+        module = None if fp4_parts.JIT_GETTER in left else importlib.import_module(target.module)
+        cpp_ext = None if cuda_version.PART.name in left else importlib.import_module(CPP_EXT)
     except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
         raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
+    _warn_left_parts(judgement)
     applied = []
     try:
-        applied.append(cuda_version.apply(settings.cuda_version, cpp_ext))
+        if cpp_ext is None:
+            applied.append(cuda_version.left_alone(left[cuda_version.PART.name]))
+        else:
+            applied.append(cuda_version.apply(settings.cuda_version, cpp_ext))
         if applied[0].resolved.problem:
             if settings.strict:
                 raise ApplyError(applied[0].resolved.problem)
             switches.warn(applied[0].resolved.problem)
-        applied.append(fp4_layer.apply(version, target, module, settings.fallback))
-        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, version, settings.strict))
+        applied.append(fp4_layer.apply(judgement.row, target, module, settings.fallback, left))
+        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, judgement.version, settings.strict))
     except BaseException:
         for layer in reversed(applied):
             layer.undo()
         raise
-    _applied = _Applied(settings, route, *applied)
+    _applied = _Applied(settings, route, judgement, *applied)
     _last_problem = None
     resolved = _applied.cuda.resolved
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
-        version, route, len(_applied.bindings), resolved.version, resolved.source, len(_applied.fp4.devices),
+        judgement.version, route, len(_applied.bindings), resolved.version, resolved.source, len(_applied.fp4.devices),
     )
+    if not judgement.tested:
+        logger.info("fp4_dynamo_shim: %s", judgement.line())
 
 
 def export_for_children() -> None:
@@ -242,6 +271,13 @@ STATUS_KEYS = (
 )
 
 
+def _release_unapplied() -> dict:
+    """status()'s "flashinfer" where the shim is not applied: its parts are compared only when it applies."""
+    version = flashinfer_version()
+    tested = None if version is None else targets.target_for(version) is not None
+    return {"version": version, "tested": tested, "matched_row": version if tested else None, "parts": None}
+
+
 def status() -> dict:
     """What is patched and where, versions, GPUs, routes, and why anything was skipped. JSON-serialisable,
     with the keys of ``STATUS_KEYS`` always present (None where not applicable)."""
@@ -253,7 +289,7 @@ def status() -> dict:
             "problem": _last_problem,
             "disabled": settings.disabled,
             "activated_by": applied.route if applied is not None else None,
-            "flashinfer": flashinfer_version(),
+            "flashinfer": applied.release.describe() if applied is not None else _release_unapplied(),
             "supported_flashinfer": versions.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,

@@ -1,4 +1,4 @@
-"""The one version-to-row lookup, and the one spelling of the FlashInfer releases the shim supports.
+"""The one version-to-row lookup, and the one spelling of the FlashInfer releases the shim was tested on.
 
 Every release table (FlashInfer's ``fp4_quantize`` rows, its FP4 family members, SGLang's releases) is a tuple of
 rows with a ``versions`` :class:`~packaging.specifiers.SpecifierSet`; a local build ("0.6.3+cu128") is looked up
@@ -14,13 +14,20 @@ from packaging.version import InvalidVersion, Version
 
 Row = TypeVar("Row")
 
-#: The first and last FlashInfer releases the shim supports (the ones SGLang 0.5.6-0.5.23 pin); post
-#: releases of the last one are in (``pyproject.toml``'s dependency says the same, and a test holds the two).
+#: The first and last FlashInfer releases the shim was tested on (the ones SGLang 0.5.6-0.5.23 pin); post
+#: releases of the last one are in. ``pyproject.toml`` requires the first and names no last: a newer release
+#: is judged part by part against the last one (``release_parts``), and installing the shim never changes it.
 FIRST_FLASHINFER, LAST_FLASHINFER = "0.5.3", "0.7.4"
 _last = Version(LAST_FLASHINFER)
 SUPPORTED_FLASHINFER = SpecifierSet(f">={FIRST_FLASHINFER},<{_last.major}.{_last.minor}.{_last.micro + 1}")
-#: How status() and verify name the range.
+#: How status() and verify name the tested range.
 SUPPORTED_RANGE = f"flashinfer-python >={FIRST_FLASHINFER}, <={LAST_FLASHINFER}"
+
+
+def below_first(version: Optional[str]) -> bool:
+    """Older than the first tested release, or not a version at all: nothing is known of it."""
+    release = public(version)
+    return release is None or release < Version(FIRST_FLASHINFER)
 
 
 def public(version: Optional[str]) -> Optional[Version]:

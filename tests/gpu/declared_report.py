@@ -46,7 +46,7 @@ def document(layer: dict, functions: list, seconds: float) -> dict:
             entry[measure] = entry.get(measure, 0) + (row.get(measure) is True)
         clean = isinstance(row.get("opcheck"), dict) and all(v is True for v in row["opcheck"].values())
         entry["opcheck_clean"] = entry.get("opcheck_clean", 0) + clean
-    return {"flashinfer": fp4_dynamo_shim.status()["flashinfer"], "torch": torch.__version__,
+    return {"flashinfer": fp4_dynamo_shim.status()["flashinfer"]["version"], "torch": torch.__version__,
             "gpu": torch.cuda.get_device_name(0), "counts": layer["counts"], "modules": modules,
             "functions": functions, "seconds": round(seconds, 1)}
 

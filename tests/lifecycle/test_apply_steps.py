@@ -21,9 +21,9 @@ def test_each_layer_gets_the_setting_it_reads(monkeypatch, applied_with):
     handed = {}
     fp4_apply, declared = lifecycle.fp4_layer.apply, lifecycle.declared_layer.DeclaredLayer
 
-    def fp4_layer(version, target, module, fallback):
+    def fp4_layer(version, target, module, fallback, *left):
         handed["fallback"] = fallback
-        return fp4_apply(version, target, module, fallback)
+        return fp4_apply(version, target, module, fallback, *left)
 
     def declared_layer(gate, flashinfer_version, strict):
         handed["gate"], handed["strict"], handed["version"] = gate, strict, flashinfer_version
@@ -45,7 +45,7 @@ def test_apply_logs_one_line_with_what_it_did_and_status_has_no_problem(unpatche
     assert status["problem"] is None and status["activated_by"] == "a test"
     cuda = status["cuda_version"]
     assert [r.getMessage() for r in caplog.records if r.name == "fp4_dynamo_shim.lifecycle"] == [
-        f"fp4_dynamo_shim applied to flashinfer {status['flashinfer']} (by a test): {len(status['rebound'])} names "
+        f"fp4_dynamo_shim applied to flashinfer {status['flashinfer']['version']} (by a test): {len(status['rebound'])} names "
         f"rebound, CUDA {cuda['value']} ({cuda['source']}), {len(status['devices'])} GPU(s)"]
 
 

@@ -22,7 +22,8 @@ from _fp4_dynamo_shim.verify import checks, report
 ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": "12.8",
                "gpus": [{"index": 0, "name": "NVIDIA B200", "arch": "SM100", "fp4_kernel": True},
                         {"index": 1, "name": "NVIDIA H200", "arch": "SM90", "fp4_kernel": False}],
-               "flashinfer": "0.6.12", "supported_flashinfer": ">=0.6.1,<0.8",
+               "flashinfer": {"version": "0.6.12", "tested": True, "matched_row": "0.6.12", "parts": None},
+               "supported_flashinfer": ">=0.6.1,<0.8",
                "sglang": {"need": "SGLang 0.5.11: needs the shim", "note": "a note"}, "jit_cache": "/cache"}
 LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "declared": 40},
          "proven": {"flashinfer": "0.6.12", "declarations": 26, "functions": ["a", "b", "c"],
@@ -38,7 +39,7 @@ STATUS = {"applied": True, "cuda_version": {"value": "12.8", "source": "torch"},
           "family": {"nvfp4_quantize": "op-backed", "mm_fp4": "original"},
           "flashinfer_ops": LAYER, "skipped": ["nothing to rebind in z"],
           "routes": {"pth": "/site/fp4_dynamo_shim.pth", "sitecustomize": None, "plugin": "entry point"},
-          "warnings": ["a warning"], "problem": None}
+          "warnings": ["a warning"], "problem": None, "flashinfer": ENVIRONMENT["flashinfer"]}
 RESULTS = [report.Result("trace-static", "pass", "1 graph", 0.25), report.Result("cuda-graph", "skip", "no GPU", 0.0),
            report.Result("opcheck", "fail", "AssertionError: x", 1.5)]
 
@@ -49,7 +50,7 @@ environment
   torch        2.13.0+cpu (CUDA 12.8)
   gpu          cuda:0 NVIDIA B200 SM100, FP4 quantize kernel: yes
   gpu          cuda:1 NVIDIA H200 SM90, FP4 quantize kernel: no (Blackwell SM100+ only)
-  flashinfer   0.6.12 (supported: >=0.6.1,<0.8)
+  flashinfer   0.6.12 (tested range: >=0.6.1,<0.8)
   sglang       SGLang 0.5.11: needs the shim (a note)
   jit cache    /cache
 shim applied: CUDA version 12.8 (from torch), fallback=error, op fp4_dynamo_shim::fp4_quantize

@@ -24,7 +24,7 @@ def plugin() -> None:
         rebound = patching.rebind_modules()
         state = patching.status()
         switches.say(f"fp4_dynamo_shim is active in this SGLang process (activated by {state['activated_by']}; "
-                     f"flashinfer {state['flashinfer']}; {len(rebound)} more bindings rebound now)", "info")
+                     f"flashinfer {state['flashinfer']['version']}; {len(rebound)} more bindings rebound now)", "info")
     else:
         state = patching.status()
         switches.say(f"fp4_dynamo_shim is NOT active in this SGLang process: {state['problem']}",

@@ -14,6 +14,7 @@ from typing import Callable, List, Optional
 from .. import rebind
 from ..errors import ApplyError
 from . import devices, family, flashinfer_op, kernels, quantize_op, releases, replacement
+from .parts import JIT_GETTER
 
 
 @dataclasses.dataclass
@@ -25,6 +26,8 @@ class Fp4Layer:
     family: dict = dataclasses.field(default_factory=dict)
     #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by undo().
     restorers: List[Callable] = dataclasses.field(default_factory=list)
+    #: Parts left as FlashInfer's (an untested release whose sources differ there) -> why.
+    left: dict = dataclasses.field(default_factory=dict)
 
     def original(self, name: str) -> Optional[Callable]:
         """FlashInfer's own function behind the replacement called ``name``."""
@@ -50,7 +53,10 @@ class Fp4Layer:
 
     def skipped(self) -> List[str]:
         """What the layer deliberately does not do here, with the reason."""
-        skipped = []
+        skipped = [f"{name}: left as FlashInfer's ({reason})" for name, reason in self.left.items()
+                   if name in (JIT_GETTER, "fp4_quantize")]
+        if JIT_GETTER in self.left:
+            return skipped
         if not self.devices:
             skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
         for device in self.devices:
@@ -64,23 +70,28 @@ class Fp4Layer:
         return skipped
 
 
-def apply(version: str, target: releases.Target, module, fallback: str) -> Fp4Layer:
-    """Put ``module.fp4_quantize`` and the release's FP4 family behind the shim's ops."""
+def apply(version: str, target: releases.Target, module, fallback: str, left: Optional[dict] = None) -> Fp4Layer:
+    """Put ``module.fp4_quantize`` and the release's FP4 family behind the shim's ops, except the parts in
+    ``left`` (name -> why): without the JIT getter nothing is patched, as every kernel comes through it."""
+    left = dict(left or {})
+    if JIT_GETTER in left:
+        return Fp4Layer(target, left=left, family={member.name: f"left as FlashInfer's: {left[member.name]}"
+                                                   for member in family.members_for(version) if member.name in left})
     original = module.fp4_quantize
     if replacement.is_shim(original):
         raise ApplyError(f"{target.module}.fp4_quantize is already a fp4_dynamo_shim replacement")
     recipe = replacement.recipe_for(original, module)
-    replaced = replacement.build(original, module, recipe, target)
-    family_replaced, family_report = family.build_replacements(version, module, replaced, recipe)
-    layer = Fp4Layer(target, family=family_report)
+    replaced = None if "fp4_quantize" in left else replacement.build(original, module, recipe, target)
+    family_replaced, family_report = family.build_replacements(version, module, replaced, recipe, left)
+    layer = Fp4Layer(target, family=family_report, left=left)
     try:
         launchers, layer.devices, namespaces = kernels.load(
             module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference
         )
         devices.configure(target, {**launchers, -1: quantize_op.launch_reference}, namespaces,
                           mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
-        layer.swaps.swap((original, replaced), *family_replaced.values())
-        restore_op = flashinfer_op.repair(target, module, recipe)
+        layer.swaps.swap(*([(original, replaced)] if replaced is not None else []), *family_replaced.values())
+        restore_op = flashinfer_op.repair(target, module, recipe) if replaced is not None else None
         if restore_op is not None:
             layer.restorers.append(restore_op)
             layer.family["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)

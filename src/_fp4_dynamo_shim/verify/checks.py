@@ -199,18 +199,22 @@ def check_flashinfer_op(device: str) -> str:
 def family_examples(device: str) -> dict:
     """name -> (args, kwargs): one valid call of each FP4 family function, inputs built on the CPU (the
     reference) and moved to ``device``, so that building them needs no FP4 kernel."""
-    import flashinfer
 
     def on(*tensors):
         return tuple(t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors)
 
+    def quantize(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True):
+        # the shim's op, not flashinfer.fp4_quantize: on a release newer than tested that may be FlashInfer's own
+        return ops.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, False,
+                                   False, None, 0)
+
     x, scale = _inputs(32, "cpu", columns=128)
-    packed, sf = flashinfer.fp4_quantize(x, scale)
-    _, sf_linear = flashinfer.fp4_quantize(x, scale, is_sf_swizzled_layout=False)
+    packed, sf = quantize(x, scale)
+    _, sf_linear = quantize(x, scale, is_sf_swizzled_layout=False)
     w, w_scale = _inputs(64, "cpu", columns=128)
-    w_packed, w_sf = flashinfer.fp4_quantize(w, w_scale)
-    mx_packed, mx_sf = flashinfer.fp4_quantize(x, None, 32, True, False)
-    mx_swizzled = flashinfer.fp4_quantize(x, None, 32, True, True)
+    w_packed, w_sf = quantize(w, w_scale)
+    mx_packed, mx_sf = quantize(x, None, 32, True, False)
+    mx_swizzled = quantize(x, None, 32, True, True)
     experts = x[:, :64].reshape(2, 16, 64).contiguous()
     mask = torch.tensor([16, 9], dtype=torch.int32)
     return {

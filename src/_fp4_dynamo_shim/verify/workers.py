@@ -148,14 +148,15 @@ def probe_worker(queue, run_sglang_plugins=False):
     try:
         import flashinfer
 
-        patched = getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False) is True
+        # applied, not "fp4_quantize is the shim's": on a release newer than tested, that part may be FlashInfer's
+        patched = lifecycle.status()["applied"]
         report["plugin_ran"] = False
         if run_sglang_plugins and not patched:
             from sglang.srt.plugins import load_plugins
 
             load_plugins()
             report["plugin_ran"] = True
-            patched = getattr(flashinfer.fp4_quantize, "__fp4_dynamo_shim__", False) is True
+            patched = lifecycle.status()["applied"]
         report["active"] = patched
         report["activated_by"] = lifecycle.status()["activated_by"]
     except Exception as error:  # the report carries the failure to the parent
