@@ -53,9 +53,11 @@ def building_in_the_project():
         yield
 
 
-def create(root: Path, with_project: bool = True, python: str = sys.executable, editable: bool = False) -> Environment:
+def create(root: Path, with_project: bool = True, python: str = sys.executable, editable: bool = False,
+           dependencies: list | None = None) -> Environment:
     """A venv at ``root/env`` made by ``python``; with ``with_project`` this project is installed into it,
-    from its wheel or (``editable``) as ``pip install -e`` does it, build isolation and all."""
+    from its wheel or (``editable``) as ``pip install -e`` does it, build isolation and all. ``dependencies``:
+    the folders its ``dependencies.pth`` names (this environment's site directories by default)."""
     if not building_allowed:
         raise NotInTheSlowTier("this test builds a virtual environment: mark it @pytest.mark.slow (the README's "
                                "test command leaves that tier to CI)")
@@ -83,7 +85,8 @@ def create(root: Path, with_project: bool = True, python: str = sys.executable, 
     # environment may hold an installed copy of this project too, so the file sorts after setuptools'
     # "__editable__.*.pth" (the editable source must come first on sys.path, or the test runs that copy)
     # and before fp4_dynamo_shim.pth (a real install has wrapt in place before the hook runs).
-    (environment.site / "dependencies.pth").write_text("".join(f"{path}\n" for path in dependency_paths()))
+    paths = dependency_paths() if dependencies is None else dependencies
+    (environment.site / "dependencies.pth").write_text("".join(f"{path}\n" for path in paths))
     found = environment.run("import fp4_dynamo_shim_hook; print(fp4_dynamo_shim_hook.__file__)").stdout.strip()
     if with_project and not found.startswith(str(PROJECT / "src") if editable else str(environment.site)):
         raise RuntimeError(f"the venv at {root} imports the project from {found}, not from its own install")
@@ -100,6 +103,20 @@ def dependency_paths() -> list:
         if path and os.path.isdir(path) and os.path.abspath(path) != source and path not in paths:
             paths.append(path)
     return paths
+
+
+def dependency_paths_without(root: Path, prefix: str) -> list:
+    """One folder of links to everything in this environment's site directories but the distributions whose
+    names start with ``prefix`` (and this project): dependencies for a venv that installs its own of those."""
+    folder = root / f"dependencies-without-{prefix}"
+    folder.mkdir()
+    skip = (prefix.lower(), "fp4_dynamo_shim", "fp4-dynamo-shim", "_fp4_dynamo_shim", "__editable__")
+    for path in dependency_paths():
+        for entry in Path(path).iterdir():
+            if not entry.name.lower().startswith(skip) and not entry.name.endswith(".pth") \
+                    and not (folder / entry.name).exists():
+                (folder / entry.name).symlink_to(entry)
+    return [str(folder)]
 
 
 def passthrough_environment() -> dict:

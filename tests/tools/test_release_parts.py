@@ -118,3 +118,44 @@ def test_record_takes_only_the_newest_tested_release(tool, monkeypatch, capsys, 
     monkeypatch.setattr(sys, "argv", ["release_parts.py", "--record", str(folder)])
     with pytest.raises(SystemExit, match="--record takes the newest tested release"):
         tool.main()
+
+
+READ_WITH_ANOTHER_PYTHON = """
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sources", sys.argv[1])
+sources = importlib.util.module_from_spec(spec)
+sys.modules["sources"] = sources
+spec.loader.exec_module(sources)
+request = json.loads(sys.stdin.read())
+found, others = sources.Sources(request["package"]), frozenset(request["others"])
+print(json.dumps({part["name"]: sources.facts(found, sources.Part(**{**part, "names": tuple(part["names"]),
+                  "returns": tuple(part["returns"])}), others) for part in request["parts"]}))
+"""
+
+
+@pytest.mark.parametrize("python", ["3.10", "3.12", "3.13"])
+def test_every_python_the_shim_supports_reads_the_same_record(python, tmp_path):
+    """The record is written on one Python and read on users' others: syntax trees gain fields between
+    Pythons (3.12's type parameters), and a digest that followed them would call every part different."""
+    import dataclasses
+    import os
+    import shutil
+    import subprocess
+
+    from _fp4_dynamo_shim import release_parts, tested_sources
+    from _fp4_dynamo_shim.fp4 import releases
+
+    pyenv = sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")).glob(f"versions/{python}.*/bin/python"))
+    found = shutil.which(f"python{python}")
+    interpreter = str(pyenv[-1]) if pyenv else found if found and "shims" not in found else None
+    if interpreter is None:
+        pytest.skip(f"no python{python} on this machine")
+    parts = release_parts.all_parts(releases.target_for(tested_sources.RECORD["flashinfer"]))
+    request = {"package": str(simulated_release.INSTALLED), "others": [p.function for p in parts if p.function],
+               "parts": [dataclasses.asdict(part) for part in parts]}
+    script = tmp_path / "read.py"
+    script.write_text(READ_WITH_ANOTHER_PYTHON)
+    completed = subprocess.run([interpreter, str(script), str(ROOT / "src" / "_fp4_dynamo_shim" / "sources.py")],
+                               input=json.dumps(request), capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert json.loads(completed.stdout) == json.loads(json.dumps(tested_sources.RECORD["parts"]))
