@@ -36,7 +36,8 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: FlashInfer releases pinned by SGLang 0.5.x releases that import on CPU (issue 5), oldest first.
+#: FlashInfer releases pinned by SGLang 0.5.x releases, oldest first; the newest leg is added to them: the
+#: highest release the registry offers, whatever its number (``newest_release``).
 VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
             "0.6.18", "0.7.1", "0.7.2", "0.7.4"]
 #: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.22-0.5.23.
@@ -82,6 +83,24 @@ STAND_IN = ROOT / "tools" / "matrix" / "gpu_query_stand_in"
 
 def pip(*arguments: str, python: str = sys.executable) -> None:
     subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
+
+
+def newest_release(wheels: Path) -> str:
+    """The highest flashinfer-python the registry offers (its wheel is left in ``wheels``)."""
+    folder = wheels / "newest"
+    pip("download", "--no-deps", "--only-binary=:all:", "-d", str(folder), "flashinfer-python")
+    (wheel,) = folder.glob("flashinfer_python-*.whl")
+    wheels.joinpath(wheel.name).exists() or wheel.rename(wheels / wheel.name)
+    return wheel.name.split("-")[1]
+
+
+def release_parts(site: "Site") -> dict:
+    """``tools/release_parts.py --json`` over the leg's release: what the shim would do were it newer than tested."""
+    completed = subprocess.run([site.python, str(ROOT / "tools" / "release_parts.py"), "--json"], cwd=ROOT,
+                               capture_output=True, text=True, env=site.environment())
+    if completed.returncode != 0:
+        return {"error": completed.stderr[-1500:]}
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 def download(versions, wheels: Path) -> None:
@@ -154,6 +173,10 @@ def torch_environment(version: str, torch: str, scratch: Path) -> Site:
 
 
 def run_leg(site: Site, inductor_cache: Path) -> dict:
+    return {**run_tests(site, inductor_cache), "release_parts": release_parts(site)}
+
+
+def run_tests(site: Site, inductor_cache: Path) -> dict:
     probe = site.probe()
     torch, stand_in = probe["torch"], None
     if probe["import_error"] is not None:
@@ -412,6 +435,36 @@ def render_sglang_releases() -> list:
     return lines + [""]
 
 
+def render_newer(legs: dict) -> list:
+    """What the shim does on a release newer than the tested range, and the tool's judgement of each leg's
+    release as if it were one (``tools/release_parts.py``)."""
+    lines = ["## Newer than tested", "",
+             "`pyproject.toml` requires flashinfer-python >= the first tested release and names no upper bound: installing",
+             "the shim never changes FlashInfer. A release above the tested range is applied part by part: the shim",
+             "reads the installed sources (nothing is imported for it) and compares each part it patches with the newest",
+             "tested release's (`src/_fp4_dynamo_shim/tested_sources.py`): a part that matches is patched as that",
+             "release's row says; one that differs, or runs through one that does, stays FlashInfer's, with one warning",
+             "naming it and the difference. `status()[\"flashinfer\"]` holds `tested`, `matched_row` and every part;",
+             "`verify` prints one line and skips the checks of a part left as FlashInfer's; `FP4_DYNAMO_SHIM_STRICT=1`",
+             "refuses an untested release (`ApplyError`). FlashInfer's declared ops are read from the installed sources",
+             "as on every release; the `proven` gate has no GPU record for an untested release, so it turns on SGLang's",
+             "raw calls only.", "",
+             "`python tools/release_parts.py [WHEEL]` prints the same judgement for any release. Here, each release of",
+             "the matrix judged as if it were newer than the tested range:", "",
+             "| FlashInfer | parts matching the newest tested release | left as FlashInfer's |", "|---|---|---|"]
+    for name, leg in legs.items():
+        judged = leg.get("release_parts")
+        if not judged or "error" in judged:
+            lines.append(f"| {name} | ERROR | {(judged or {}).get('error', 'not run')[:200]} |")
+            continue
+        parts = judged["parts"]
+        matching = sum(part["matches"] and not part["left_because"] for part in parts.values())
+        left = [f"`{p}` ({part['difference'] or part['left_because']})" for p, part in parts.items()
+                if not part["matches"] or part["left_because"]]
+        lines.append(f"| {name} | {matching} of {len(parts)} ({judged['compared_with']}) | {'; '.join(left) or '-'} |")
+    return lines + [""]
+
+
 def render(legs: dict, refusals: dict) -> str:
     columns = list(CHECKS)
     lines = [
@@ -460,6 +513,7 @@ def render(legs: dict, refusals: dict) -> str:
         for version, leg in not_importable.items():
             lines.append(f"| {version} | `{leg['import_error']}` | {leg['shim_problem']} |")
         lines.append("")
+    lines += render_newer(legs)
     lines += ["## Outside the supported range", "",
               "| FlashInfer | refused with one warning, nothing patched | FP4_DYNAMO_SHIM_STRICT=1 raises |",
               "|---|---|---|"]
@@ -468,6 +522,21 @@ def render(legs: dict, refusals: dict) -> str:
                      f"| {'yes' if result.get('strict_raises') else 'NO'} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def tested_record_leg(legs: dict) -> Optional[str]:
+    """Why the newest tested release's leg disagrees with the committed record of its sources, or None."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from _fp4_dynamo_shim.versions import LAST_FLASHINFER
+
+    judged = legs.get(LAST_FLASHINFER, {}).get("release_parts")
+    if judged is None:
+        return None
+    differing = [name for name, part in judged.get("parts", {}).items() if not part["matches"]]
+    if "error" in judged or differing:
+        return (f"flashinfer {LAST_FLASHINFER} differs from its own record ({', '.join(differing) or judged.get('error')}): "
+                "run python tools/release_parts.py --record with it installed")
+    return None
 
 
 def leg_name(version: str, torch: Optional[str] = None) -> str:
@@ -515,6 +584,10 @@ def run_all(options, scratch: Path) -> tuple:
     """(legs, refusals): every leg, ``--jobs`` at a time; an other-torch leg's environment is built beside the
     first legs (it is mostly download and unpacking) and its leg runs next once it is ready."""
     wheels, started = scratch / "wheels", time.perf_counter()
+    if options.newest:
+        newest = newest_release(wheels)
+        options.versions = [*options.versions, *([newest] if newest not in options.versions else [])]
+        print(f"newest flashinfer-python on the registry: {newest}", flush=True)
     download([*options.versions, *UNSUPPORTED, *(v for v, _ in options.other_torch)], wheels)
     print(f"downloaded the wheels in {time.perf_counter() - started:.0f} s", flush=True)
     inductor_cache = scratch / "inductor"
@@ -575,12 +648,18 @@ def main() -> int:
                         metavar="FLASHINFER:TORCH", help="legs in their own venv with that torch (default: "
                         + ", ".join(f"{v}:{t}" for v, t in OTHER_TORCH) + "; none: --other-torch)")
     parser.add_argument("--jobs", type=int, default=2, help="legs run at once (default 2)")
+    parser.add_argument("--no-newest", dest="newest", action="store_false",
+                        help="do not add the registry's highest release to --versions")
     options = parser.parse_args()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fp4-matrix-") as scratch:
         legs, refusals = run_all(options, Path(scratch))
     failed = any("error" in leg or leg["failures"] for leg in legs.values())
     failed |= not all(result["ok"] for result in refusals.values())
+    from_record = tested_record_leg(legs)
+    if from_record is not None:
+        print(from_record, flush=True)
+        failed = True
     text = render(legs, refusals)
     print(f"matrix: {len(legs)} legs in {time.perf_counter() - started:.0f} s", flush=True)
     if options.check:
