@@ -19,7 +19,7 @@ from typing import Optional, Tuple
 import torch
 from packaging.version import Version
 
-from . import rebind
+from . import rebind, switches
 from .sources import Part
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
@@ -106,10 +106,9 @@ def resolve(setting: str) -> CudaVersion:
     if version is None:
         source = "none"
     if nvcc and torch_cuda and nvcc.release[:2] != torch_cuda.release[:2]:
-        logger.warning(
-            "nvcc at %s is CUDA %s but torch was built for CUDA %s; FlashInfer's JIT will be told %s (%s). "
-            "Set FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc|torch|X.Y to choose.",
-            nvcc_path, nvcc, torch_cuda, version, source,
+        switches.warn(
+            f"nvcc at {nvcc_path} is CUDA {nvcc} but torch was built for CUDA {torch_cuda}; FlashInfer's JIT will be "
+            f"told {version} ({source}). Set FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc|torch|X.Y to choose."
         )
     return CudaVersion(version, source, nvcc, nvcc_path, problem)
 

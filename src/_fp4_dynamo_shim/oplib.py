@@ -66,6 +66,14 @@ def declare(signature: inspect.Signature, namespace: dict, prefix: str = "") -> 
     return ", ".join(declared)
 
 
+def run_source(source: str, filename: str, namespace: dict, local: Optional[dict] = None) -> dict:
+    """Run generated (or FlashInfer's own) source in ``namespace``, naming it ``filename`` in tracebacks and in
+    Dynamo's messages; the one place the shim compiles code. Returns where the definitions landed."""
+    target = namespace if local is None else local
+    exec(compile(source, filename, "exec"), namespace, target)  # noqa: S102 - generated from the shim's templates
+    return target
+
+
 def keywords(signature: inspect.Signature, names: Optional[list] = None) -> str:
     """``a=a, b=b`` for every parameter of ``signature`` (or ``names``)."""
     return ", ".join(f"{name}={name}" for name in (names if names is not None else signature.parameters))

@@ -33,6 +33,7 @@ import stand_in_gpu
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import rebind
 from _fp4_dynamo_shim.errors import NoFp4KernelError
+from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.fp4 import kernels, quantize_op, releases
 from _fp4_dynamo_shim.fp4.kernels import LoadedDevice
 from _fp4_dynamo_shim.fp4.layer import Fp4Layer
@@ -102,11 +103,12 @@ def reference_launch(*arguments):
 def load(flashinfer, fallback, caplog):
     """``kernels.load`` for the installed release's row; returns its result, its wall time and its log lines."""
     caplog.clear()
+    switches.warned.clear()  # the launch warning is said once per process: once per call here
     with caplog.at_level(logging.INFO, logger="fp4_dynamo_shim"):
         started = time.perf_counter()
         result = kernels.load(flashinfer, quantize_op.active_target(), fallback, reference_launch)
         elapsed = time.perf_counter() - started
-    lines = [(record.levelname, record.getMessage()) for record in caplog.records if record.name == LOGGER]
+    lines = [(record.levelname, record.getMessage()) for record in caplog.records if record.name in (LOGGER, "fp4_dynamo_shim")]
     return result, elapsed, lines
 
 

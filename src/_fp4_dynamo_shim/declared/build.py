@@ -103,7 +103,7 @@ def _compiled(source: str, module, what: str):
     """A def compiled from FlashInfer's text in its module's globals (the module itself is not touched)."""
     local: dict = {}
     try:
-        exec(compile(source, getattr(module, "__file__", "<flashinfer>"), "exec"), module.__dict__, local)
+        oplib.run_source(source, getattr(module, "__file__", "<flashinfer>"), module.__dict__, local)
     except Exception as error:  # e.g. a default that names one of the getter's locals
         raise NotExpressible(f"{what} does not compile outside its getter ({type(error).__name__}: {error})") from None
     return next(iter(local.values()))
@@ -215,8 +215,8 @@ def _caller_namespace() -> dict:
 def module_level(layer, registrar, declaration, module, outcome):
     op_object, op, index, outcome.fake = _build(registrar, declaration, module)
     namespace = {**_caller_namespace(), f"_op_{index}": op_object}
-    exec(compile(declared_codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>", "exec"),
-         namespace)
+    oplib.run_source(declared_codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>",
+                     namespace)
     layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global
     layer.pending.append((module.__dict__[declaration.function], namespace[f"_caller_{index}"], [outcome],
                           declaration.key))
@@ -273,7 +273,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
             entries[key] = f"_unavailable_{number}"
     items = ", ".join(f"{key[1:] if key.startswith('=') else repr(key)}: {value}" for key, value in entries.items())
     source.append(f"    return _Namespace({{{items}}})\n")
-    exec(compile("".join(source), f"<{NAMESPACE} {module.__name__}.{namespace_facts.getter}>", "exec"), namespace)
+    oplib.run_source("".join(source), f"<{NAMESPACE} {module.__name__}.{namespace_facts.getter}>", namespace)
     layer.undo.append(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
                           f"{module.__name__}.{namespace_facts.getter}"))

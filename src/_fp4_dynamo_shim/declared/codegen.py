@@ -185,17 +185,16 @@ def kernel_and_fake(op: Op, index: int, bindings: dict, target: Tuple[str, str],
     namespace = dict(bindings)
     target, resolver = target
     if resolver:
-        exec(compile(resolver, filename, "exec"), namespace)
+        oplib.run_source(resolver, filename, namespace)
     if op.return_adapter is not None:
         namespace[f"_to_op_{index}"] = op.return_adapter.to_op
-    exec(compile(_kernel_source(op, index, target, "kernel"), filename, "exec"), namespace)
+    oplib.run_source(_kernel_source(op, index, target, "kernel"), filename, namespace)
     if fake is None:
         def fake_function(*args):  # FlashInfer declared no fake: the function returns None (in place)
             return None
     else:
         namespace[f"_fake_target_{index}"] = fake
-        exec(compile(_kernel_source(op, index, f"_fake_target_{index}", "fake", fake_keywords), filename, "exec"),
-             namespace)
+        oplib.run_source(_kernel_source(op, index, f"_fake_target_{index}", "fake", fake_keywords), filename, namespace)
         fake_function = namespace[f"_fake_{index}"]
     return namespace[f"_kernel_{index}"], fake_function
 

@@ -165,7 +165,7 @@ def _register(layer: Layer) -> None:
         message = (f"fp4_dynamo_shim: {len(failed)} of FlashInfer's declared ops failed to register and stay "
                    "untraceable (status()['flashinfer_ops']['failed']): "
                    + "; ".join(f"{o.key}: {o.reason}" for o in failed))
-        logger.warning(message)
+        switches.warn(message)
         if layer.strict:
             revert(layer)  # nothing of a refused layer stays: no op, no polyfill
             raise ApplyError(message)
@@ -178,7 +178,7 @@ def _on_dynamo_imported(layer: Layer) -> None:
         _register(layer)
     except Exception as error:
         layer.state = f"failed: {type(error).__name__}: {error}"
-        logger.warning("fp4_dynamo_shim: FlashInfer's declared ops were not registered: %s", layer.state)
+        switches.warn(f"fp4_dynamo_shim: FlashInfer's declared ops were not registered: {layer.state}")
         if layer.strict:
             raise
 

@@ -17,7 +17,8 @@ from typing import Callable, Optional
 
 import torch
 
-from _fp4_dynamo_shim.errors import NoFp4KernelError
+from .. import oplib, switches
+from ..errors import NoFp4KernelError
 from .quantize_op import LAUNCH_SCALARS
 from .releases import Target
 
@@ -67,7 +68,7 @@ def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: b
         f"    kernel(input, global_scale, out_val, out_sf, {', '.join(target.kernel_args)})\n"
     )
     namespace = {"kernel": kernel, "enable_pdl_default": enable_pdl_default}
-    exec(compile(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", "exec"), namespace)
+    oplib.run_source(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", namespace)
     launch = namespace["launch"]
     launch.direct = (kernel, enable_pdl_default)  # what the replacement's direct path calls (wrapper.py)
     return launch
@@ -119,9 +120,9 @@ def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, r
                                    f"(its functions: {', '.join(n for n in dir(jit_module_of(namespace)) if not n.startswith('_'))})")
             launchers[index] = make_kernel_launcher(kernel, target, device.enable_pdl)
             if mode == "launch":
-                logger.warning(
-                    "fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM%s, "
-                    "where it writes nothing; outputs are uninitialized. Use this for benchmarks only.", backend,
+                switches.warn(
+                    f"fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM{backend}, "
+                    "where it writes nothing; outputs are uninitialized. Use this for benchmarks only."
                 )
         elif mode == "reference":
             launchers[index] = reference_launch

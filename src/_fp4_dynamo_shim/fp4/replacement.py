@@ -250,7 +250,7 @@ def _resolve(module: str, qualname: str):
 
 
 def _finish(source: str, namespace: dict, original: Callable, name: str) -> Callable:
-    exec(compile(source, f"<fp4_dynamo_shim generated {original.__module__}.{name}>", "exec"), namespace)
+    oplib.run_source(source, f"<fp4_dynamo_shim generated {original.__module__}.{name}>", namespace)
     replacement = type(name, (Replacement,), {"__call__": namespace[name]})()
     functools.update_wrapper(replacement, original)
     replacement.__annotations__ = dict(getattr(original, "__annotations__", {}))
