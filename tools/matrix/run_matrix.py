@@ -435,6 +435,12 @@ def render_sglang_releases() -> list:
     return lines + [""]
 
 
+def brief(difference: str) -> str:
+    """A difference's first clause, and how many more there are (the tool prints them all)."""
+    clauses = difference.split("; ")
+    return clauses[0] + (f"; {len(clauses) - 1} more" if len(clauses) > 1 else "")
+
+
 def render_newer(legs: dict) -> list:
     """What the shim does on a release newer than the tested range, and the tool's judgement of each leg's
     release as if it were one (``tools/release_parts.py``)."""
@@ -459,7 +465,7 @@ def render_newer(legs: dict) -> list:
             continue
         parts = judged["parts"]
         matching = sum(part["matches"] and not part["left_because"] for part in parts.values())
-        left = [f"`{p}` ({part['difference'] or part['left_because']})" for p, part in parts.items()
+        left = [f"`{p}` ({brief(part['difference'] or part['left_because'])})" for p, part in parts.items()
                 if not part["matches"] or part["left_because"]]
         lines.append(f"| {name} | {matching} of {len(parts)} ({judged['compared_with']}) | {'; '.join(left) or '-'} |")
     return lines + [""]
