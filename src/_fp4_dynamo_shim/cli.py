@@ -17,17 +17,26 @@ from pathlib import Path
 from typing import List, Optional
 
 from .errors import EXIT_FAILED, EXIT_OK
-from .usage import UsageParser as Parser
+from .usage import UsageParser
 
 
 def _parser():
-    parser = Parser(prog="fp4-dynamo-shim", description="Make FlashInfer's FP4 quantization traceable by "
+    parser = UsageParser(prog="fp4-dynamo-shim", description="Make FlashInfer's FP4 quantization traceable by "
                     "torch.compile(fullgraph=True), for SGLang's piecewise CUDA graphs.",
                     epilog="Exit codes: 0 ok, 1 failed, 2 the shim is not applied (verify), 3 usage error.")
     parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {version()}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    commands.add_parser("verify", help="check the shim on this machine and in a spawned worker (verify --help)",
-                        add_help=False)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=UsageParser)
+    verify = commands.add_parser(
+        "verify", help="check the shim on this machine and in a spawned worker (verify --help)",
+        description="Does the shim work on this machine, and in its SGLang workers? Applies it, prints the "
+                    "environment, what was patched, then one line per check.",
+        epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
+    verify.add_argument("--json", action="store_true", help="print one JSON document")
+    verify.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
+    verify.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
+    verify.add_argument("--verbose", action="store_true", help="list every rebound name by module")
+    verify.add_argument("--version", action="version", version=f"fp4-dynamo-shim {version()}")
+    verify.set_defaults(usage_error=verify.error)  # a value verify refuses after parsing (no GPU for --device cuda)
     commands.add_parser("status", help="print fp4_dynamo_shim.status() of this process (which applies nothing) "
                                        "as JSON")
     install = commands.add_parser(
@@ -54,12 +63,12 @@ def version() -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["verify"]:
-        from _fp4_dynamo_shim.verify import report as verify
-
-        return verify.main(argv[1:])
     parser = _parser()
     options = parser.parse_args(argv)
+    if options.command == "verify":
+        from .verify import report
+
+        return report.run(options, options.usage_error)
     if options.command == "status":
         from . import lifecycle
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from unittest import mock
 
 FILE = Path(__file__).resolve().parents[1] / "data" / "cli_help.txt"
-COMMANDS = ((), ("status",), ("install-hook",), ("uninstall-hook",))
+COMMANDS = ((), ("verify",), ("status",), ("install-hook",), ("uninstall-hook",))
 
 
 def python_version() -> str:

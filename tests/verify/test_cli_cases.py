@@ -22,7 +22,6 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim import cli
 from _fp4_dynamo_shim.errors import EXIT_USAGE
 from _fp4_dynamo_shim.routes import site_files
-from _fp4_dynamo_shim.verify import report
 
 
 def test_the_help_pages_are_the_reviewed_text():
@@ -56,13 +55,6 @@ def test_status_prints_this_process_status_as_indented_json(from_sys_argv, monke
         monkeypatch.setattr(sys, "argv", ["fp4-dynamo-shim", "status"])
     assert cli.main(None if from_sys_argv else ["status"]) == 0
     assert capsys.readouterr().out == json.dumps(fp4_dynamo_shim.status(), indent=2) + "\n"
-
-
-def test_verify_hands_every_argument_after_it_to_verifys_own_command_line(monkeypatch):
-    handed = []
-    monkeypatch.setattr(report, "main", lambda argv: handed.append(argv) or 7)
-    assert cli.main(["verify", "--json", "--device", "cpu"]) == 7
-    assert handed == [["--json", "--device", "cpu"]]
 
 
 @pytest.mark.parametrize("command", ["install-hook", "uninstall-hook"])

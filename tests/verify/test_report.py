@@ -2,7 +2,7 @@
 check's outcome becomes a line, and its exit codes.
 
 The command line as users run it (a child process per call) is tested in test_cli.py and test_activation.py;
-here ``report.main`` and its helpers are called directly, so that a change to what verify prints is seen by a
+here ``cli.main(["verify", ...])`` and the report's helpers are called directly, so that a change to what verify prints is seen by a
 test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
 and environment that ``_print_text`` words are written out here (every field it reads, with values no machine
 here has: two GPUs, a GPU record, a warning), and ``main``'s check list where the test needs a failing or
@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
+from _fp4_dynamo_shim import cli
 from _fp4_dynamo_shim.verify import checks, report
 
 ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": "12.8",
@@ -147,27 +148,27 @@ def test_a_check_becomes_a_result_line(monkeypatch):
 def test_exit_codes_of_main(monkeypatch, capsys):
     monkeypatch.setattr(report, "ordered_checks", lambda: [("passes", lambda device: "fine"),
                                                           ("skips", raising(checks.Skip("no")))])
-    assert report.main(["--json", "--device", "cpu"]) == 0
+    assert cli.main(["verify", "--json", "--device", "cpu"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in document["checks"]] == ["passes", "skips"] and document["status"]["applied"]
     monkeypatch.setattr(report, "ordered_checks", lambda: [("fails", raising(ZeroDivisionError("division by zero")))])
-    assert report.main(["--device", "cpu"]) == 1
+    assert cli.main(["verify", "--device", "cpu"]) == 1
     captured = capsys.readouterr()
     assert "  FAIL  fails              ZeroDivisionError: division by zero" in captured.out
     assert "  running fails ..." in captured.err
-    assert report.main(["--json", "--device", "cpu", "--baseline"]) == 1
+    assert cli.main(["verify", "--json", "--device", "cpu", "--baseline"]) == 1
     names = [c["name"] for c in json.loads(capsys.readouterr().out)["checks"]]
     assert names == ["fails", "baseline"]  # on CPU the baseline is a skip, after every other check
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit) as usage:
-            report.main(["--device", "cuda"])
+            cli.main(["verify", "--device", "cuda"])
         assert usage.value.code == 3
         assert capsys.readouterr().err.endswith("fp4-dynamo-shim verify: error: --device cuda: no GPU visible\n")
 
 
 def test_main_with_the_shim_switched_off_reports_the_apply_and_exits_2(unpatched, monkeypatch, capsys):
     monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1")
-    assert report.main(["--json", "--device", "cpu"]) == 2
+    assert cli.main(["verify", "--json", "--device", "cpu"]) == 2
     document = json.loads(capsys.readouterr().out)
     assert [(c["name"], c["result"]) for c in document["checks"]] == [("apply", "skip")]
     assert not document["status"]["applied"]
@@ -180,35 +181,18 @@ def test_the_environment_names_what_verify_prints():
     assert environment["torch"] == torch.__version__ and environment["fp4_dynamo_shim"] == fp4_dynamo_shim.__version__
 
 
-HELP = """\
-usage: fp4-dynamo-shim verify [-h] [--json] [--device {cpu,cuda}] [--baseline]
-                              [--verbose] [--version]
-
-python -m fp4_dynamo_shim.verify: does the shim work on this machine, and in
-its SGLang workers?
-
-options:
-  -h, --help           show this help message and exit
-  --json               print one JSON document
-  --device {cpu,cuda}  default: cuda when a GPU is visible, else cpu
-  --baseline           also show FlashInfer failing without the shim
-  --verbose            list every rebound name by module
-  --version            show program's version number and exit
-
-Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.
-"""
 
 
 def test_the_command_line_help_version_and_a_device_it_does_not_know(monkeypatch, capsys):
     monkeypatch.setenv("COLUMNS", "80")  # argparse wraps to the terminal
     with pytest.raises(SystemExit) as done:
-        report.main(["--help"])
-    assert done.value.code == 0 and capsys.readouterr().out == HELP
+        cli.main(["verify", "--help"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("usage: fp4-dynamo-shim verify")  # the page: cli_help.txt
     with pytest.raises(SystemExit) as done:
-        report.main(["--version"])
+        cli.main(["verify", "--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}\n"
     with pytest.raises(SystemExit) as done:
-        report.main(["--device", "gpu"])
+        cli.main(["verify", "--device", "gpu"])
     assert done.value.code == 3 and "argument --device: invalid choice: 'gpu'" in capsys.readouterr().err
 
 
@@ -224,7 +208,7 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
     monkeypatch.setattr(report, "ordered_checks", lambda: [("one", check)])
     monkeypatch.setattr(checks, "check_baseline", lambda device: seen.append(("baseline", device)) or "shown")
     monkeypatch.setattr(report, "environment", lambda: ENVIRONMENT)
-    assert report.main(["--json", "--baseline"]) == 0
+    assert cli.main(["verify", "--json", "--baseline"]) == 0
     out = capsys.readouterr().out
     document = json.loads(out)
     assert out == json.dumps(document, indent=2) + "\n"
@@ -232,13 +216,13 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
     assert [(c["name"], c["result"], c["detail"]) for c in document["checks"]] == [
         ("one", "pass", "ran on cpu"), ("baseline", "info", "shown")]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert report.main(["--verbose"]) == 0
+    assert cli.main(["verify", "--verbose"]) == 0
     text = capsys.readouterr().out
     assert seen == ["cpu", ("baseline", "cpu"), "cuda"]
     assert "  PASS  one                ran on cuda [" in text
     assert text.endswith("summary: 1 passed, 0 failed, 0 skipped; exit 0\n")
     assert " names rebound\n" in text and "(--verbose lists each module)" not in text
-    assert report.main([]) == 0 and " names rebound (--verbose lists each module)\n" in capsys.readouterr().out
+    assert cli.main(["verify"]) == 0 and " names rebound (--verbose lists each module)\n" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("outcome", ["applied", "refused", "strict", "switched off"])

@@ -18,7 +18,6 @@ from typing import Callable, List, Optional
 
 from .. import __version__
 from ..errors import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK
-from ..usage import UsageParser as Parser
 
 #: What ``status()["activated_by"]`` says when verify applied the shim itself.
 ROUTE = "verify"
@@ -234,15 +233,9 @@ def json_document(env: dict, status: dict, device: str, results: List[Result], e
     }
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    parser = Parser(prog="fp4-dynamo-shim verify", description=__doc__.split("\n\n")[0],
-                    epilog="Exit codes: 0 ok, 1 a check failed, 2 the shim is not applied, 3 usage error.")
-    parser.add_argument("--json", action="store_true", help="print one JSON document")
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when a GPU is visible, else cpu")
-    parser.add_argument("--baseline", action="store_true", help="also show FlashInfer failing without the shim")
-    parser.add_argument("--verbose", action="store_true", help="list every rebound name by module")
-    parser.add_argument("--version", action="version", version=f"fp4-dynamo-shim {__version__}")
-    options = parser.parse_args(argv)
+def run(options, usage_error: Callable[[str], None]) -> int:
+    """``fp4-dynamo-shim verify`` with its parsed ``options`` (the command line's one parser, ``cli``, reads
+    them; ``usage_error`` is its way of refusing a value). Returns the exit code."""
     import torch  # after parsing: --help and --version load nothing
 
     from .. import lifecycle
@@ -251,7 +244,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: no GPU visible")
+        usage_error("--device cuda: no GPU visible")
 
     results: List[Result] = [apply_shim()]
     env = environment()
@@ -275,6 +268,3 @@ def main(argv: Optional[List[str]] = None) -> int:
         _print_text(env, status, results, exit_code, options.verbose)
     return exit_code
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -146,7 +146,7 @@ def probe_worker(queue, run_sglang_plugins=False):
     startup = sys.modules.get("_fp4_dynamo_shim.entry.startup")
     report = {"hook_route": getattr(startup, "route", None)}
     try:
-        import flashinfer
+        import flashinfer  # noqa: F401 - importing it is what runs the start-up hook in this child
 
         # applied, not "fp4_quantize is the shim's": on a release newer than tested, that part may be FlashInfer's
         patched = lifecycle.status()["applied"]
