@@ -1,6 +1,6 @@
 """Break the shim on purpose, one behaviour at a time, and require a named test to fail each time.
 
-Every entry of ``mutations.MUTATIONS`` replaces one snippet of ``src/`` (it must occur exactly once) in a
+Every entry of ``mutations.toml`` replaces one snippet of ``src/`` (it must occur exactly once) in a
 temporary copy of the project and runs the tests it names there; the mutation is *caught* when at least
 one of them fails. The unmutated tree must pass the same tests first, or the list proves nothing: either
 here (the baseline run), or in the JUnit reports of a run of this same checkout (``--baseline-from``, what
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import importlib
 import json
 import os
@@ -36,13 +37,35 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import MUTATIONS, Mutation  # noqa: E402
+CURATED = Path(__file__).resolve().parent / "mutations.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    why: str
+    edits: tuple  # (path, old snippet, new snippet) each
+    tests: tuple
+    fast: bool = True
+    gpu: bool = False
+
+
+def mutation_of(entry: dict, gpu: bool = False) -> Mutation:
+    """One entry of mutations.toml or of a ``gpu_mutants.py pack`` file (the same keys)."""
+    olds, news = (entry["old"], entry["new"]) if isinstance(entry["old"], list) else ([entry["old"]], [entry["new"]])
+    gpu = gpu or entry.get("gpu", False)
+    return Mutation(entry["name"], entry["why"], tuple((entry["path"], old, new) for old, new in zip(olds, news, strict=True)),
+                    tuple(entry["tests"]), entry.get("fast", True) and not gpu, gpu)
+
+
+def curated_mutations() -> list:
+    return [mutation_of(entry) for entry in tomllib.loads(CURATED.read_text())["mutation"]]
 
 
 #: What a copy needs where there is no git (the GPU machine gets the working tree without .git).
@@ -324,8 +347,7 @@ def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -
 def load_mutations(path: Path) -> tuple:
     """(commit, mutations) from a ``gpu_mutants.py pack`` file."""
     document = json.loads(path.read_text())
-    return document["commit"], [Mutation(m["name"], m["why"], ((m["path"], m["old"], m["new"]),), tuple(m["tests"]),
-                                         fast=False, gpu=True) for m in document["mutations"]]
+    return document["commit"], [mutation_of(entry, gpu=True) for entry in document["mutations"]]
 
 
 def main() -> int:
@@ -345,7 +367,7 @@ def main() -> int:
                         help="leave out the mutations these --json reports already decided")
     parser.add_argument("--json", type=Path, help="write the results here, rewritten after each one")
     options = parser.parse_args()
-    packed_at, mutations = load_mutations(options.source) if options.source else (None, MUTATIONS)
+    packed_at, mutations = load_mutations(options.source) if options.source else (None, curated_mutations())
     decided = {r["name"] for path in options.skip for r in json.loads(path.read_text())["results"]}
     mutations = [m for m in mutations if m.name not in decided]
     names = {m.name for m in mutations}
