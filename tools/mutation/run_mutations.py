@@ -26,7 +26,6 @@ snippet is missing or ambiguous, or when the unmutated baseline fails.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import dataclasses
 import importlib
 import json
@@ -115,20 +114,6 @@ def failed_tests(report: Path) -> list:
     return failed
 
 
-def run_tests(tree: Path, tests: tuple, report: Path, timeout: float) -> tuple:
-    """(return code, failed test ids) of pytest over ``tests`` with ``tree/src`` first on the path."""
-    command = [sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)]
-    try:
-        completed = subprocess.run(command, cwd=tree, env=_environment(tree), capture_output=True, text=True,
-                                   timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout", []
-    failed = failed_tests(report)
-    if completed.returncode not in (0, 1):  # collection error, crash, usage error
-        failed.append(f"pytest exit {completed.returncode}: {(completed.stdout + completed.stderr)[-300:]}")
-    return completed.returncode, failed
-
-
 #: What each mutation's pytest would import first; imported once here when mutations run as forks.
 PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor.compile_fx", "flashinfer",
              "hypothesis", "pytest", "safetensors", "wrapt", "packaging.version")
@@ -176,36 +161,52 @@ def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
         os._exit(code)
 
 
-class Forks:
-    """At most ``jobs`` forked pytest runs at once; ``wait()`` returns the next finished one."""
+class Runs:
+    """At most one pytest run per tree at once, each a fork of this process (``forking``) or a fresh interpreter;
+    ``wait()`` returns the next one to end."""
 
-    def __init__(self, timeout: float):
-        self.timeout = timeout
-        self.running = {}  # pid -> (started, key, report, log)
+    def __init__(self, timeout: float, forking: bool):
+        self.timeout, self.forking = timeout, forking
+        self.running = {}  # pid or Popen -> (started, key, report, log)
 
     def start(self, key, tree: Path, tests: tuple, scratch: Path) -> None:
         report, log = scratch / f"{tree.name}.xml", scratch / f"{tree.name}.log"
         report.unlink(missing_ok=True)
-        self.running[fork_tests(tree, tests, report, log)] = (time.perf_counter(), key, report, log)
+        if self.forking:
+            handle = fork_tests(tree, tests, report, log)
+        else:
+            with open(log, "w") as out:
+                handle = subprocess.Popen([sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)], cwd=tree,
+                                          env=_environment(tree), stdout=out, stderr=subprocess.STDOUT)
+        self.running[handle] = (time.perf_counter(), key, report, log)
+
+    @staticmethod
+    def _exit_code(handle):
+        if isinstance(handle, subprocess.Popen):
+            return handle.poll()
+        pid, status = os.waitpid(handle, os.WNOHANG)
+        return os.waitstatus_to_exitcode(status) if pid else None
 
     def wait(self) -> tuple:
         """(key, return code or "timeout", failed test ids) of the next run to end."""
         while True:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid in self.running:
-                _, key, report, log = self.running.pop(pid)
-                code = os.waitstatus_to_exitcode(status)
-                failed = failed_tests(report)
-                if code not in (0, 1):
-                    failed.append(f"pytest exit {code}: {log.read_text(errors='replace')[-300:]}")
-                return key, code, failed
-            now = time.perf_counter()
-            for pid, (started, key, report, log) in list(self.running.items()):
-                if now - started > self.timeout:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    del self.running[pid]
+            for handle, (started, key, report, log) in list(self.running.items()):
+                code = self._exit_code(handle)
+                if code is None and time.perf_counter() - started > self.timeout:
+                    if isinstance(handle, subprocess.Popen):
+                        handle.kill()
+                        handle.wait()
+                    else:
+                        os.kill(handle, signal.SIGKILL)
+                        os.waitpid(handle, 0)
+                    del self.running[handle]
                     return key, "timeout", []
+                if code is not None:
+                    del self.running[handle]
+                    failed = failed_tests(report)
+                    if code not in (0, 1):  # collection error, crash, usage error
+                        failed.append(f"pytest exit {code}: {log.read_text(errors='replace')[-300:]}")
+                    return key, code, failed
             time.sleep(0.05)
 
 
@@ -268,37 +269,9 @@ def stale(mutation: Mutation, error: LookupError) -> dict:
             "tests": list(mutation.tests)}
 
 
-def check(tree: Path, mutation: Mutation, timeout: float) -> dict:
-    started = time.perf_counter()
-    try:
-        saved = apply(tree, mutation)
-    except LookupError as error:
-        return stale(mutation, error)
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            code, failed = run_tests(tree, mutation.tests, Path(scratch) / "report.xml", timeout)
-    finally:
-        restore(tree, saved)
-    return outcome(mutation, code, failed, started)
-
-
-def run_in_threads(trees: list, selected: list, timeout: float, report) -> None:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(trees)) as pool:
-        free, pending, queue = list(trees), {}, list(selected)
-        while queue or pending:
-            while queue and free:
-                tree, mutation = free.pop(), queue.pop(0)
-                pending[pool.submit(check, tree, mutation, timeout)] = tree
-            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in done:
-                free.append(pending.pop(future))
-                report(future.result())
-
-
-def run_in_forks(trees: list, selected: list, timeout: float, scratch: Path, report) -> None:
-    forks, free, queue = Forks(timeout), list(trees), list(selected)
-    started, saved = {}, {}
-    while queue or forks.running:
+def run_all(trees: list, selected: list, runs: Runs, scratch: Path, report) -> None:
+    free, queue, started, saved = list(trees), list(selected), {}, {}
+    while queue or runs.running:
         while queue and free:
             tree, mutation = free.pop(), queue.pop(0)
             try:
@@ -308,19 +281,19 @@ def run_in_forks(trees: list, selected: list, timeout: float, scratch: Path, rep
                 report(stale(mutation, error))
                 continue
             started[tree] = time.perf_counter()
-            forks.start((tree, mutation), tree, mutation.tests, scratch)
-        if not forks.running:
+            runs.start((tree, mutation), tree, mutation.tests, scratch)
+        if not runs.running:
             continue
-        (tree, mutation), code, failed = forks.wait()
+        (tree, mutation), code, failed = runs.wait()
         restore(tree, saved.pop(tree))
         free.append(tree)
         report(outcome(mutation, code, failed, started.pop(tree)))
 
 
 def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -> Optional[str]:
-    """Why the unmutated tree does not pass the named tests, or None. In forks the tests run the way the
-    mutations will, split over the trees. With ``--baseline-from`` the reports stand for the tests marked
-    ``slow`` (each starts fresh interpreters, which a fork cannot change), and the rest run here anyway."""
+    """Why the unmutated tree does not pass the named tests, or None; they run the way the mutations will, split
+    over the trees. With ``--baseline-from`` the reports stand for the tests marked ``slow`` (each starts fresh
+    interpreters, which a fork cannot change), and in forks the rest run here anyway."""
     selection = ()
     if options.baseline_from:
         missing = passed_in_reports(tests, options.baseline_from)
@@ -329,19 +302,15 @@ def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -
         if not forking:
             return None
         selection = ("-m", "not slow")
-    if not forking:
-        code, failed = run_tests(trees[0], tests, scratch / "baseline.xml", options.timeout * 4)
-        return None if code == 0 else f"the unmutated tree fails the named tests ({failed[:3]})"
-    forks, chunks = Forks(options.timeout * 4), [tests[i::len(trees)] for i in range(len(trees))]
-    for tree, chunk in zip(trees, chunks):
+    runs, failures = Runs(options.timeout * 4, forking), []
+    for tree, chunk in zip(trees, [tests[i::len(trees)] for i in range(len(trees))]):
         if chunk:  # an empty chunk would be pytest with no test named: the whole suite
-            forks.start(tree, tree, chunk + selection, scratch)
-    failures = []
-    while forks.running:
-        _, code, failed = forks.wait()
+            runs.start(tree, tree, chunk + selection, scratch)
+    while runs.running:
+        _, code, failed = runs.wait()
         if code not in (0, 5):  # 5: every test of the chunk deselected
             failures += failed or [f"pytest exit {code}"]
-    return f"the unmutated tree fails the named tests in a fork ({failures[:3]})" if failures else None
+    return f"the unmutated tree fails the named tests ({failures[:3]})" if failures else None
 
 
 def load_mutations(path: Path) -> tuple:
@@ -407,10 +376,7 @@ def main() -> int:
             return 1
         print(f"baseline: the {len(baseline_tests)} named tests pass unmutated ({time.perf_counter() - started:.0f} s)",
               flush=True)
-        if forking:
-            run_in_forks(trees, selected, options.timeout, Path(scratch), report)
-        else:
-            run_in_threads(trees, selected, options.timeout, report)
+        run_all(trees, selected, Runs(options.timeout, forking), Path(scratch), report)
     bad = [r for r in results if r["result"] != "caught"]
     print(f"{len(results) - len(bad)}/{len(results)} mutations caught in {time.perf_counter() - started:.0f} s"
           + (f"; not caught: {', '.join(r['name'] for r in bad)}" if bad else ""))
