@@ -1,24 +1,15 @@
 """Generated mutation testing with mutmut over the modules whose bugs are silent, checked against a list.
 
-mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that
-function (its common settings are ``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py lets its
-trampolines run under torch.compile and keeps a mutant's session cheap). The modules are run in groups (groups.toml), each
-in its own temporary copy of the project with its own test selection: the fast tests that protect those
-modules, so a surviving mutant (which runs every selected test that reaches its function) costs seconds,
-not the whole suite. The outcome is held against ``survivors.txt``: every surviving mutant must be listed
-there with its kind and reason, and every listed one must still exist and still survive.
+mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that function
+(``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py). The modules run in groups (groups.toml),
+each in a temporary copy of the project with its own test selection, so a surviving mutant costs seconds, not the
+suite. Every surviving mutant must be listed in survivors.txt with its kind and reason, and every listed one must
+still exist and still survive. The tree keeps the score per module (scores.md) and killed mutants per group
+(killed_sample.txt, for CI's sample); per-mutant results and mutmut's statistics go to the ignored .mutation/.
 
-The tree keeps the outcome per module (``scores.md``: the score, the run's commit and date) and, per group,
-some mutants the run killed (``killed_sample.txt``, which CI's sample draws from). Per-mutant results and
-mutmut's statistics go to ``.mutation/`` (ignored): a later ``--survivors`` or ``--sample`` run here reads them.
-
-    python tools/mutation/run_mutmut.py --save          # every group; rewrites scores.md and killed_sample.txt
-    python tools/mutation/run_mutmut.py --module layout --save   # the group holding one module (its others too)
-    python tools/mutation/run_mutmut.py --module layout --survivors --save
-        # only what this checkout's last run of the group (.mutation/) left standing, with today's tests;
-        # refused when the group's code changed since that run (docstrings and comments may change)
-    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N
-        # CI: 40 mutants of killed_sample.txt, from 3 groups chosen by N; fails when one of them now survives
+    python tools/mutation/run_mutmut.py [--module layout] --save     # every group, or the one holding a module
+    python tools/mutation/run_mutmut.py --module layout --survivors --save   # what the last run left standing
+    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N   # CI's stage
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -30,6 +21,7 @@ import ast
 import dataclasses
 import datetime
 import fnmatch
+import hashlib
 import itertools
 import json
 import os
@@ -53,7 +45,7 @@ KILLED_SAMPLE = HERE / "killed_sample.txt"
 RESULTS = ROOT / ".mutation" / "results.json"
 STATS = ROOT / ".mutation" / "stats"
 #: Mutants per group that a full run writes to killed_sample.txt.
-SAMPLE_PER_GROUP = 12
+SAMPLE_PER_GROUP = 14
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
@@ -206,16 +198,11 @@ def run_group(group: Group, names, scratch: Path, children: int) -> tuple:
 
 
 def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = lambda *paths: subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-                                              cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        # the mutants come from src/ alone: a tree whose src/ is the commit's can be compared with it later
-        return head + (" (with uncommitted changes to src)" if dirty("src") else
-                       " (with uncommitted changes outside src)" if dirty() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit a run copies, as its rows in scores.md name it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return (head.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
 def score_row(module: str, statuses: dict, listed: dict) -> dict:
@@ -288,28 +275,20 @@ def code_only(text: str) -> str:
     return ast.dump(tree)
 
 
+def code_of(group: Group) -> dict:
+    """path -> a digest of the ``code_only`` of each of the group's files."""
+    return {path: hashlib.sha256(code_only((ROOT / path).read_text()).encode()).hexdigest()[:16]
+            for path in group_files(group)}
+
+
 def why_not_the_same_mutants(group: Group, run: dict):
-    """None when the group's files have the code of its recorded run's commit (a survivors-only rerun is valid
-    only over the same mutants, so over the same code; docstrings and comments may differ); else why not."""
-    if "uncommitted" in run["commit"] and "outside src" not in run["commit"]:
-        return f"its run at {run['commit']} copied a tree with uncommitted changes, which cannot be compared"
-    at = run["commit"].split()[0]
-    changed = subprocess.run(["git", "diff", "--name-only", at, "--", *group_files(group)], cwd=ROOT,
-                             capture_output=True, text=True)
-    if changed.returncode != 0:
-        return f"git cannot compare with {run['commit']}: {changed.stderr.strip()}"
-    differ = []
-    for path in changed.stdout.split():
-        then = subprocess.run(["git", "show", f"{at}:{path}"], cwd=ROOT, capture_output=True, text=True)
-        now = ROOT / path
-        if then.returncode != 0 or not now.exists() or code_only(then.stdout) != code_only(now.read_text()):
-            differ.append(path)
-    if differ:
-        return f"the code of {', '.join(differ)} changed since its run at {run['commit']}"
-    return None
+    """None when the group's files have the code of its recorded run (a survivors-only rerun is valid only over
+    the same mutants; docstrings and comments may differ); else why not."""
+    changed = [path for path, digest in code_of(group).items() if run.get("code", {}).get(path) != digest]
+    return f"the code of {', '.join(changed)} changed since its run at {run['commit']}" if changed else None
 
 
-def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copied_at: str) -> None:
+def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copied_at: str, code: dict) -> None:
     """Merge this run into .mutation/results.json (a full run replaces its groups' mutants; a survivors-only run
     replaces the statuses of the mutants it reran, and is recorded beside the full run it completes), then
     rewrite scores.md and, after a full run, killed_sample.txt."""
@@ -318,7 +297,7 @@ def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copie
     for group in GROUPS:
         if group.name not in seconds:
             continue
-        ran = {"date": today, "commit": copied_at, "seconds": round(seconds[group.name]),
+        ran = {"date": today, "commit": copied_at, "code": code[group.name], "seconds": round(seconds[group.name]),
                "mutants": sum(module_of(n) in group.modules for n in outcome)}
         if survivors_only:
             ran["modules"] = sorted({module_of(n) for n in outcome if module_of(n) in group.modules})
@@ -379,7 +358,7 @@ def main() -> int:
                                          if module_of(n) in g.modules and module_of(n) in wanted
                                          and status not in KILLED) for g in groups}
     names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
-    copied_at = commit()  # the tree each group copies is this one, whatever is committed while it runs
+    copied_at, code = commit(), {g.name: code_of(g) for g in groups}  # what each group copies, whatever changes later
     started = time.perf_counter()
     outcome, diffs, seconds, problems = {}, {}, {}, []
     with tempfile.TemporaryDirectory(prefix="fp4-mutmut-") as scratch:
@@ -415,17 +394,15 @@ def main() -> int:
         problems += [f"{name}: listed in {SURVIVORS.name} but no such mutant exists any more" for name in listed
                      if module_of(name) in modules and name not in outcome
                      and group_of_module(module_of(name)).name in seconds]
-    print(f"{'module':24} " + " ".join(f"{c:>10}" for c in SCORE_COLUMNS[4:]))
-    for module in modules:
-        row = score_row(module, outcome, listed)
+    for module, row in ((m, score_row(m, outcome, listed)) for m in modules):
         if row["mutants"]:
-            print(f"{module:24} " + " ".join(f"{row[c]:>10}" for c in SCORE_COLUMNS[4:]))
+            print(f"{module:24} " + ", ".join(f"{row[c]} {c}" for c in SCORE_COLUMNS[4:]))
     print(f"all {sum(s in KILLED for s in outcome.values())} of {len(outcome)} killed "
           f"({time.perf_counter() - started:.0f} s)")
     for problem in problems:
         print("PROBLEM", problem)
     if options.save and seconds and not options.sample:
-        save(outcome, seconds, options.survivors, listed, copied_at)
+        save(outcome, seconds, options.survivors, listed, copied_at, code)
     return 1 if problems else 0
 
 
