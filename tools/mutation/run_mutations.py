@@ -1,25 +1,14 @@
 """Break the shim on purpose, one behaviour at a time, and require a named test to fail each time.
 
-Every entry of ``mutations.toml`` replaces one snippet of ``src/`` (it must occur exactly once) in a
-temporary copy of the project and runs the tests it names there; the mutation is *caught* when at least
-one of them fails. The unmutated tree must pass the same tests first, or the list proves nothing: either
-here (the baseline run), or in the JUnit reports of a run of this same checkout (``--baseline-from``, what
-CI passes after its test stages).
-
-    python tools/mutation/run_mutations.py              # the fast subset (what CI runs)
-    python tools/mutation/run_mutations.py --all        # every mutation
-    python tools/mutation/run_mutations.py --only NAME  # one or more by name
-    python tools/mutation/run_mutations.py --gpu        # the GPU tests' mutations, on a GPU machine
-    python tools/mutation/run_mutations.py --baseline-from reports/*.xml
-    python tools/mutation/run_mutations.py --gpu --from mutants.json --json kills.json
-        # generated mutants (gpu_mutants.py pack) in place of the curated list; each result written as it comes
+Every entry of ``mutations.toml`` replaces snippets of ``src/`` (each must occur exactly once) in a temporary
+copy of the project and runs the tests it names there; the mutation is caught when one of them fails. The
+unmutated copy must pass the same tests first, here or in the JUnit reports of a run of this checkout
+(``--baseline-from``, as CI does). ``--from`` runs a ``gpu_mutants.py pack`` file instead (docs/testing.md).
 
 With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
 FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
-those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each mutation is a fresh
-interpreter, since CUDA cannot be used in a forked child once the parent touched it.
-
-Prints one line per mutation (caught by which test, or SURVIVED) and exits 1 when any survives, when a
+those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each is a fresh interpreter, since
+CUDA cannot be used in a forked child once the parent touched it. Exits 1 when a mutation survives, when a
 snippet is missing or ambiguous, or when the unmutated baseline fails.
 """
 
@@ -193,12 +182,8 @@ class Runs:
             for handle, (started, key, report, log) in list(self.running.items()):
                 code = self._exit_code(handle)
                 if code is None and time.perf_counter() - started > self.timeout:
-                    if isinstance(handle, subprocess.Popen):
-                        handle.kill()
-                        handle.wait()
-                    else:
-                        os.kill(handle, signal.SIGKILL)
-                        os.waitpid(handle, 0)
+                    os.kill(getattr(handle, "pid", handle), signal.SIGKILL)
+                    handle.wait() if isinstance(handle, subprocess.Popen) else os.waitpid(handle, 0)
                     del self.running[handle]
                     return key, "timeout", []
                 if code is not None:
@@ -235,9 +220,8 @@ def apply(tree: Path, mutation: Mutation) -> dict:
     saved = {}
     for path, old, new in mutation.edits:
         file = tree / path
-        text = saved.get(path) or file.read_text()
-        saved.setdefault(path, text)
         current = file.read_text()
+        saved.setdefault(path, current)
         count = current.count(old)
         if count != 1:
             raise LookupError(f"{mutation.name}: the snippet occurs {count} times in {path}: {old[:80]!r}")
@@ -252,7 +236,9 @@ def restore(tree: Path, saved: dict) -> None:
 
 def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
     caught = [test for test in failed if not test.startswith("pytest exit")]
-    if code == "timeout":
+    if isinstance(code, LookupError):  # a snippet missing or ambiguous: the mutation no longer applies
+        result, detail = "STALE", str(code)
+    elif code == "timeout":
         result, detail = "caught", "the named tests timed out"
     elif isinstance(code, int) and code < 0:  # killed by a signal: the tests crashed, as a user's run would
         result, detail = "caught", f"the named tests crashed (signal {-code}): {failed[-1][-200:]}"
@@ -261,11 +247,6 @@ def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
     else:
         result, detail = "SURVIVED", failed[0] if failed else "every named test passed"
     return {"name": mutation.name, "result": result, "detail": detail, "seconds": time.perf_counter() - started,
-            "tests": list(mutation.tests)}
-
-
-def stale(mutation: Mutation, error: LookupError) -> dict:
-    return {"name": mutation.name, "result": "STALE", "detail": str(error), "seconds": 0.0,
             "tests": list(mutation.tests)}
 
 
@@ -278,7 +259,7 @@ def run_all(trees: list, selected: list, runs: Runs, scratch: Path, report) -> N
                 saved[tree] = apply(tree, mutation)
             except LookupError as error:
                 free.append(tree)
-                report(stale(mutation, error))
+                report(outcome(mutation, error, [], time.perf_counter()))
                 continue
             started[tree] = time.perf_counter()
             runs.start((tree, mutation), tree, mutation.tests, scratch)
@@ -332,13 +313,9 @@ def main() -> int:
     parser.add_argument("--no-fork", action="store_true", help="a fresh interpreter per mutation")
     parser.add_argument("--from", dest="source", type=Path, metavar="PACKED",
                         help="the mutations of this gpu_mutants.py pack file instead of the curated list")
-    parser.add_argument("--skip", nargs="+", type=Path, default=[], metavar="JSON",
-                        help="leave out the mutations these --json reports already decided")
     parser.add_argument("--json", type=Path, help="write the results here, rewritten after each one")
     options = parser.parse_args()
     packed_at, mutations = load_mutations(options.source) if options.source else (None, curated_mutations())
-    decided = {r["name"] for path in options.skip for r in json.loads(path.read_text())["results"]}
-    mutations = [m for m in mutations if m.name not in decided]
     names = {m.name for m in mutations}
     if len(names) != len(mutations):
         print("mutation names must be unique", file=sys.stderr)
