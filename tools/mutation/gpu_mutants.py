@@ -1,14 +1,12 @@
 """The generated mutants only a GPU can tell apart, run against the GPU tests survivors.txt names for them.
 
-A ``gpu-only`` line of survivors.txt claims that a named test under tests/gpu kills the mutant on the GPU
-(``gpu-killed`` once a GPU run showed it). This makes the claim a run: ``pack`` (here, with mutmut installed)
-writes each such mutant as an edit of ``src/`` (the smallest run of whole lines that differs, widened until it
-occurs once in its file) with the tests its reason names; ``run_mutations.py --from`` applies each on the GPU
-machine and runs those tests, as it does the curated mutations; ``record`` marks each killed one ``gpu-killed``
-in survivors.txt, and fails on each that the named tests let survive (mend the test, or list the mutant as open).
+``pack`` (here, with mutmut installed) writes each gpu-only survivor as an edit of ``src/`` (the smallest run
+of whole lines that differs, widened until it occurs once in its file) with the tests its reason names;
+``run_mutations.py --from`` applies each on the GPU machine and runs those tests; ``record`` marks each killed
+one ``gpu-killed`` in survivors.txt and fails on each the named tests let survive.
 
-    python tools/mutation/gpu_mutants.py pack --out .mutation/gpu_mutants.json [--module verify/checks] [--unrun]
-    bash tests/gpu/run.sh --mutations --from .mutation/gpu_mutants.json --json $OUT/kills.json --jobs 8  # GPU machine
+    python tools/mutation/gpu_mutants.py pack --out .mutation/gpu.json [--module verify/checks] [--unrun]
+    bash tests/gpu/run.sh --mutations --from .mutation/gpu.json --json $OUT/kills.json --jobs 8   # GPU machine
     python tools/mutation/gpu_mutants.py record kills.json
 """
 

@@ -316,16 +316,10 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write the results here, rewritten after each one")
     options = parser.parse_args()
     packed_at, mutations = load_mutations(options.source) if options.source else (None, curated_mutations())
-    names = {m.name for m in mutations}
-    if len(names) != len(mutations):
-        print("mutation names must be unique", file=sys.stderr)
-        return 1
     if options.only:
-        unknown = set(options.only) - names
-        if unknown:
-            print(f"unknown mutations: {', '.join(sorted(unknown))}", file=sys.stderr)
-            return 1
         selected = [m for m in mutations if m.name in options.only]
+        if len(selected) != len(set(options.only)):
+            raise SystemExit(f"unknown mutations: {sorted(set(options.only) - {m.name for m in selected})}")
     elif options.gpu:
         selected = [m for m in mutations if m.gpu]
     else:

@@ -50,7 +50,6 @@ sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Group:
     """Modules run together: the mutant name patterns per module, and the tests (pytest arguments) that protect them."""
@@ -77,16 +76,12 @@ def read_groups(path: Path = HERE / "groups.toml") -> tuple:
 GROUPS = read_groups()
 
 
-def _package_file(pattern: str) -> str:
-    module = pattern.split(".x")[0].rstrip(".*")
-    return "src/" + module.replace(".", "/") + ".py"
-
-
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
 def group_files(group: Group) -> list:
-    return sorted({_package_file(p) for patterns in group.modules.values() for p in patterns})
+    return sorted({"src/" + p.split(".x")[0].rstrip(".*").replace(".", "/") + ".py"
+                   for patterns in group.modules.values() for p in patterns})
 
 
 def module_of(name: str):
