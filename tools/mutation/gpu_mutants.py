@@ -23,7 +23,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from run_mutmut import (SURVIVORS, commit, configure_tree, group_of_module, module_of, read_survivors,  # noqa: E402
+from run_mutmut import (GROUPS, SURVIVORS, commit, configure_tree, group_of_module, module_of, read_survivors,  # noqa: E402
                         write_survivors)
 from run_mutations import copy_project  # noqa: E402
 
@@ -76,9 +76,10 @@ def mutated_texts(names: list) -> dict:
 
     texts, by_group = {}, {}
     for name in names:
-        by_group.setdefault(group_of_module(module_of(name)), []).append(name)
+        by_group.setdefault(group_of_module(module_of(name)).name, []).append(name)
     with tempfile.TemporaryDirectory() as scratch:
-        for group, members in by_group.items():
+        for group in [g for g in GROUPS if g.name in by_group]:
+            members = by_group[group.name]
             tree = copy_project(Path(scratch) / group.slug)
             configure_tree(tree, group)
             subprocess.run([sys.executable, "-c", "from mutmut.__main__ import create_mutants; create_mutants(1)"],

@@ -108,13 +108,6 @@ PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor
              "hypothesis", "pytest", "safetensors", "wrapt", "packaging.version")
 
 
-def can_fork() -> bool:
-    """Forking is safe while no CUDA context exists; a CPU-only torch never makes one."""
-    import torch
-
-    return hasattr(os, "fork") and torch.version.cuda is None
-
-
 def preload() -> None:
     for name in PRELOADED:
         try:
@@ -325,7 +318,9 @@ def main() -> int:
     else:
         selected = [m for m in mutations if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
-    forking = not options.no_fork and can_fork()
+    import torch  # forking is safe while no CUDA context exists; a CPU-only torch never makes one
+
+    forking = not options.no_fork and hasattr(os, "fork") and torch.version.cuda is None
     if forking:
         preload()
         print(f"preloaded {', '.join(PRELOADED)} ({time.perf_counter() - started:.0f} s); each mutation runs in a fork",

@@ -57,8 +57,7 @@ class Group:
     name: str
     modules: dict
     tests: tuple
-    #: At most this many mutants at once, whatever --max-children says.
-    most_children: int = 2
+    most_children: int = 2  # mutants at once
 
     @property
     def slug(self) -> str:
@@ -166,13 +165,7 @@ def results(tree: Path) -> dict:
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"(?m)^\s*(\S+): (.+)$", completed.stdout)}
 
 
-def diff_of(tree: Path, name: str) -> str:
-    shown = mutmut(tree, "show", name).stdout
-    return "\n".join(line for line in shown.splitlines()[1:] if line.startswith(("+", "-"))
-                     and not line.startswith(("+++", "---")))
-
-
-def run_group(group: Group, names, scratch: Path, children: int) -> tuple:
+def run_group(group: Group, names, scratch: Path) -> tuple:
     """(name -> status, name -> diff of each mutant not killed, seconds, mutmut's log tail) for one group."""
     started = time.perf_counter()
     tree = copy_project(scratch / group.slug)
@@ -183,9 +176,9 @@ def run_group(group: Group, names, scratch: Path, children: int) -> tuple:
         shutil.copy(stats, tree / "mutants" / "mutmut-stats.json")
     log = scratch / f"{group.slug}.log"
     patterns = [p for patterns in group.modules.values() for p in patterns]
-    run = mutmut(tree, "run", "--max-children", str(min(children, group.most_children)), *(names or patterns), log=log)
+    run = mutmut(tree, "run", "--max-children", str(group.most_children), *(names or patterns), log=log)
     outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in names or patterns)}
-    diffs = {n: diff_of(tree, n) for n, s in outcome.items() if s not in KILLED}
+    diffs = {n: mutmut(tree, "show", n).stdout for n, s in outcome.items() if s not in KILLED}
     if (tree / "mutants" / "mutmut-stats.json").exists() and names is None:
         STATS.mkdir(parents=True, exist_ok=True)
         shutil.copy(tree / "mutants" / "mutmut-stats.json", stats)
@@ -323,7 +316,6 @@ def main() -> int:
                         help=f"only the mutants the last run recorded in {RESULTS.parent.name}/ left standing (of "
                              "the --module ones when named), with today's tests; refused when the group's code "
                              "changed since that run")
-    parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
     parser.add_argument("--save", action="store_true", help=f"record the run and rewrite {SCORES.name}")
     options = parser.parse_args()
     listed = read_survivors()
@@ -361,7 +353,7 @@ def main() -> int:
             names = names_by_group[group.name]
             print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
                   flush=True)
-            got, got_diffs, took, tail = run_group(group, names, Path(scratch), options.max_children)
+            got, got_diffs, took, tail = run_group(group, names, Path(scratch))
             print(f"[{group.name}] {len(got)} results in {took:.0f} s", flush=True)
             if not got:
                 print(tail)
