@@ -251,8 +251,8 @@ def test_every_mode_of_every_release_row_matches_the_oracle_on_a_fixed_battery()
 
 
 def test_the_searched_inputs_match_the_oracle():
-    # Calls that tell a plausible arithmetic mistake from the kernel's arithmetic, found by
-    # tools/mutation/find_inputs.py against mutmut's mutants of fp4_arithmetic; expected bytes from the oracle.
+    # Calls that tell a plausible arithmetic mistake from the kernel's arithmetic, found by a random search
+    # against mutmut's mutants of fp4_arithmetic; expected bytes from the oracle.
     import json
     from pathlib import Path
 

@@ -1,16 +1,15 @@
-"""The run that holds survivors.txt's gpu-only claims against the H200: its edits apply as mutmut wrote them,
-its tests are the ones each reason names, and no claim stands that the H200 saw fail.
+"""The run that holds survivors.txt's gpu-only claims against the GPU: its edits apply as mutmut wrote them,
+its tests are the ones each reason names, and what the GPU machine reports is marked in survivors.txt.
 
 The GPU run itself (run_mutations.py --from on the GPU machine) is not repeated here; what it needs from
 this side is: an edit that, applied as run_mutations applies every mutation (its ``old`` text must occur
-once), gives the mutant's file, and a record that survivors.txt must agree with.
+once), gives the mutant's file, and a list that says which claims a GPU run has shown.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -73,7 +72,6 @@ def test_a_mutant_is_packed_as_the_edit_run_mutations_applies(tmp_path):
     assert (tree / "src" / "m.py").read_text() == mutated
     run_mutations.restore(tree, saved)
     assert (tree / "src" / "m.py").read_text() == source
-    assert gpu_mutants.changed_lines(source, mutated) == "-    return x\n+    return None"
 
 
 def test_the_tests_are_those_the_reason_names_or_borrows():
@@ -89,50 +87,33 @@ def test_the_tests_are_those_the_reason_names_or_borrows():
     assert gpu_mutants.named_tests("m.x_f__mutmut_4", listed) == ()
 
 
-def test_no_gpu_only_claim_stands_that_the_gpu_saw_survive():
-    run_mutmut = _load("run_mutmut")
-    listed = run_mutmut.read_survivors()
-    kills = json.loads(gpu_mutants.GPU_KILLS.read_text())
-    assert run_mutmut.contradicted_gpu_claims(listed, kills) == []
-    killed = [n for n, record in kills.items() if record["result"] == "caught" and n in listed]
-    assert all(listed[n][0] == "gpu-only" for n in killed), "killed on the GPU, so neither equivalent nor open"
-    assert all(record["tests"] for record in kills.values()), "each record says which tests it ran"
+def test_every_gpu_only_line_of_survivors_txt_names_a_gpu_test_that_exists():
+    listed = gpu_mutants.read_survivors()
+    claims = [name for name, (kind, _) in listed.items() if kind in ("gpu-only", "gpu-killed")]
+    assert claims
+    unnamed = [name for name in claims if not gpu_mutants.named_tests(name, listed)]
+    assert unnamed == [], "pack cannot run these on the GPU"
+    files = {test.split("::")[0] for name in claims for test in gpu_mutants.named_tests(name, listed)}
+    assert sorted(file for file in files if not (ROOT / file).exists()) == []
 
 
-def _head(run_mutmut) -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=run_mutmut.ROOT, capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def test_a_gpu_record_counts_for_the_tests_the_line_names_today():
-    run_mutmut = _load("run_mutmut")
-    a, b = f"{GPU}test_gpu_a.py::test_a", f"{GPU}test_gpu_b.py::test_b"
-    listed = {"m.x_f__mutmut_1": ("gpu-only", f"a CUDA branch; {a} and {b} see it")}
-    record = lambda result, tests: {"m.x_f__mutmut_1": {"result": result, "tests": tests, "commit": _head(run_mutmut)}}
-    # a kill by one of the named tests holds the claim; a kill by a test the line no longer names does not count
-    assert run_mutmut.gpu_record("m.x_f__mutmut_1", listed, record("caught", [a])) is not None
-    assert run_mutmut.gpu_record("m.x_f__mutmut_1", listed, record("caught", [f"{GPU}test_gpu_c.py"])) is None
-    # a survival of every named test contradicts the claim; a survival of only some of them is not yet a verdict
-    assert run_mutmut.contradicted_gpu_claims(listed, record("SURVIVED", [a, b])) == ["m.x_f__mutmut_1"]
-    assert run_mutmut.contradicted_gpu_claims(listed, record("SURVIVED", [a])) == []
-    # an equivalent or open line that a GPU test killed is contradicted, whichever test killed it
-    for kind in ("equivalent", "open"):
-        assert run_mutmut.contradicted_gpu_claims({"m.x_f__mutmut_1": (kind, "why")},
-                                                  record("caught", [f"{GPU}test_gpu_c.py"])) == ["m.x_f__mutmut_1"]
-
-
-def test_a_survival_stops_counting_once_its_named_tests_are_strengthened():
-    """A real GPU test file, at the commit before its last change: the survival recorded then is not a verdict
-    on the test as it is now."""
-    run_mutmut = _load("run_mutmut")
-    path = "tests/gpu/test_gpu_verify.py"
-    older = subprocess.run(["git", "rev-list", "-n", "2", "HEAD", "--", path], cwd=run_mutmut.ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()[1]
-    test = f"{path}::test_verify_on_the_gpu_says_what_each_branch_did"
-    listed = {"m.x_f__mutmut_1": ("gpu-only", f"a CUDA branch; {test} sees it")}
-    survived = lambda commit: {"m.x_f__mutmut_1": {"result": "SURVIVED", "tests": [test], "commit": commit}}
-    assert run_mutmut.contradicted_gpu_claims(listed, survived(_head(run_mutmut))) == ["m.x_f__mutmut_1"]
-    assert run_mutmut.contradicted_gpu_claims(listed, survived(older)) == []
+def test_the_gpus_kills_are_marked_and_its_survivals_reported(tmp_path):
+    survivors = tmp_path / "survivors.txt"
+    survivors.write_text("# kinds\n"
+                         f"m.x_f__mutmut_{{1,2,3}}  # gpu-only: a CUDA branch; {GPU}test_gpu_a.py sees it\n"
+                         "m.x_g__mutmut_1  # equivalent: nothing observable\n")
+    report = tmp_path / "kills.json"
+    result = lambda name, outcome: {"name": name, "result": outcome, "detail": "d", "tests": [], "seconds": 1}
+    report.write_text(json.dumps({"commit": "abc1234", "results": [
+        result("m.x_f__mutmut_1", "caught"), result("m.x_f__mutmut_3", "caught"),
+        result("m.x_f__mutmut_2", "SURVIVED"), result("m.x_g__mutmut_1", "caught")]}))
+    problems = gpu_mutants.record([report], survivors)
+    assert [problem.split(":")[0] for problem in problems] == ["m.x_f__mutmut_2", "m.x_g__mutmut_1"]
+    assert survivors.read_text() == (
+        "# kinds\n"
+        f"m.x_f__mutmut_{{1,3}}  # gpu-killed: a CUDA branch; {GPU}test_gpu_a.py sees it\n"
+        f"m.x_f__mutmut_2  # gpu-only: a CUDA branch; {GPU}test_gpu_a.py sees it\n"
+        "m.x_g__mutmut_1  # equivalent: nothing observable\n")
 
 
 def test_a_mutant_is_caught_by_a_failing_test_a_timeout_or_a_crash_not_by_a_collection_error(tmp_path):

@@ -1,9 +1,13 @@
-"""When a survivors-only rerun may complete a group's committed mutmut run: only over the same mutants.
+"""What run_mutmut.py keeps in the tree, and when a survivors-only rerun may complete a group's recorded run.
 
-mutmut names a mutant by its function and its place among that function's mutations, and mutates no
-triple-quoted string, so a change to docstrings, comments or layout leaves every mutant and name as it was;
-any other change may not. These tests hold ``code_only`` (the comparison) against mutmut's own mutation of the
-project's real source files, and ``why_not_the_same_mutants`` against a git history made in the test.
+The tree keeps the survivors list, the score per module and the sample of killed mutants CI draws from; these
+tests hold each to the groups of groups.toml, and the rewriting of each to what a run found.
+
+A survivors-only rerun is valid only over the same mutants. mutmut names a mutant by its function and its place
+among that function's mutations, and mutates no triple-quoted string, so a change to docstrings, comments or
+layout leaves every mutant and name as it was; any other change may not. These tests hold ``code_only`` (the
+comparison) against mutmut's own mutation of the project's real source files, and ``why_not_the_same_mutants``
+against a recorded run's digests.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -77,63 +80,38 @@ def test_a_change_of_code_is_seen_even_where_mutmut_makes_no_new_mutant():
 
 
 @pytest.fixture
-def history(tmp_path, monkeypatch):
-    """A git repository holding the sglang tables group's files as they are today, committed once."""
+def recorded(tmp_path, monkeypatch):
+    """The sglang tables group's files as they are today, in a tree of their own, and a run recorded over them."""
     group = next(g for g in run_mutmut.GROUPS if g.name == "sglang tables")
     for name in run_mutmut.group_files(group):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text((ROOT / name).read_text())
-    git = lambda *arguments: subprocess.run(["git", *arguments], cwd=tmp_path, check=True, capture_output=True,
-                                            text=True).stdout.strip()
-    git("init", "-q")
-    git("add", "-A")
-    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "run")
     monkeypatch.setattr(run_mutmut, "ROOT", tmp_path)
-    return group, {"commit": git("rev-parse", "--short", "HEAD")}, tmp_path / run_mutmut.group_files(group)[0]
+    run = {"commit": "abc1234", "code": run_mutmut.code_of(group)}
+    return group, run, tmp_path / run_mutmut.group_files(group)[0]
 
 
-def test_a_rerun_over_reworded_docstrings_is_allowed(history):
-    group, run, path = history
+def test_a_rerun_over_reworded_docstrings_is_allowed(recorded):
+    group, run, path = recorded
     path.write_text(reworded(path.read_text()))
     assert run_mutmut.why_not_the_same_mutants(group, run) is None
 
 
-def test_a_rerun_over_changed_code_is_refused_naming_the_file(history):
-    group, run, path = history
+def test_a_rerun_over_changed_code_is_refused_naming_the_file(recorded):
+    group, run, path = recorded
     path.write_text(path.read_text() + "\n\ndef added():\n    return 1\n")
     why = run_mutmut.why_not_the_same_mutants(group, run)
     assert why == f"the code of {path.relative_to(run_mutmut.ROOT)} changed since its run at {run['commit']}"
 
 
-def test_a_rerun_after_a_run_of_uncommitted_source_is_refused_and_of_anything_else_allowed(history):
-    group, run, path = history
-    for suffix in (" (with uncommitted changes to src)", " (with uncommitted changes)"):  # the latter: older runs
-        why = run_mutmut.why_not_the_same_mutants(group, {"commit": run["commit"] + suffix})
-        assert why.startswith("its run at") and "cannot be compared" in why
-    outside = {"commit": run["commit"] + " (with uncommitted changes outside src)"}
-    assert run_mutmut.why_not_the_same_mutants(group, outside) is None
-    path.write_text(path.read_text() + "\n\ndef added():\n    return 1\n")
-    assert run_mutmut.why_not_the_same_mutants(group, outside).startswith("the code of ")
-
-
-def test_the_commit_a_run_copies_says_whether_src_differed_from_it(history, tmp_path):
-    group, run, path = history
-    assert run_mutmut.commit() == run["commit"]
-    readme = tmp_path / "README.md"
-    readme.write_text("a\n")
-    subprocess.run(["git", "add", "README.md"], cwd=tmp_path, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "readme"], cwd=tmp_path,
-                   check=True)
-    head = run_mutmut.commit()
-    readme.write_text("b\n")
-    assert run_mutmut.commit() == f"{head} (with uncommitted changes outside src)"
-    path.write_text(path.read_text() + "# edited\n")
-    assert run_mutmut.commit() == f"{head} (with uncommitted changes to src)"
+def test_a_rerun_of_a_run_that_recorded_no_code_is_refused(recorded):
+    group, run, _ = recorded
+    assert run_mutmut.why_not_the_same_mutants(group, {"commit": "abc1234"}).startswith("the code of ")
 
 
 def test_every_module_of_the_implementation_with_a_function_is_in_one_mutmut_group():
-    """A module left out of every group is never mutated and never appears in docs/testing.md's table: its
-    score would be silently missing. Modules without a function (errors.py, the empty package files) give
+    """A module left out of every group is never mutated and never appears in scores.md: its score would be
+    silently missing. Modules without a function (errors.py, the empty package files) give
     mutmut nothing to mutate."""
     grouped = [file for group in run_mutmut.GROUPS for file in run_mutmut.group_files(group)]
     assert len(grouped) == len(set(grouped)), "a file in two groups"
@@ -142,3 +120,59 @@ def test_every_module_of_the_implementation_with_a_function_is_in_one_mutmut_gro
                              for node in ast.walk(ast.parse(path.read_text())))}
     assert with_functions - set(grouped) == set()
     assert set(grouped) - with_functions == set(), "a group names a file with nothing to mutate, or none at all"
+
+
+def test_the_survivors_list_reads_one_function_s_mutants_from_one_line_and_writes_them_back(tmp_path):
+    listed = {"m.x_f__mutmut_2": ("equivalent", "why"), "m.x_f__mutmut_10": ("equivalent", "why"),
+              "m.x_f__mutmut_3": ("open", "other"), "m.x_g__mutmut_1": ("equivalent", "why")}
+    path = tmp_path / "survivors.txt"
+    path.write_text("# the kinds\n\n")
+    run_mutmut.write_survivors(listed, path)
+    assert path.read_text() == ("# the kinds\n\nm.x_f__mutmut_{2,10}  # equivalent: why\n"
+                                "m.x_f__mutmut_3  # open: other\nm.x_g__mutmut_1  # equivalent: why\n")
+    assert run_mutmut.read_survivors(path) == listed
+    path.write_text("m.x_f__mutmut_1  # equivalnet: a misspelt kind\n")
+    with pytest.raises(SystemExit, match="kind one of"):
+        run_mutmut.read_survivors(path)
+
+
+def test_every_listed_survivor_and_every_sampled_mutant_belongs_to_a_grouped_module():
+    listed = run_mutmut.read_survivors()
+    sample = run_mutmut.read_killed_sample()
+    assert [name for name in [*listed, *sample] if run_mutmut.module_of(name) is None] == []
+    assert set(sample).isdisjoint(listed), "a listed survivor is not a killed mutant"
+    # CI draws its groups by the commit's seed: each group must have mutants to draw
+    assert {run_mutmut.group_of_module(run_mutmut.module_of(name)).name for name in sample} == {
+        group.name for group in run_mutmut.GROUPS}
+
+
+def test_scores_md_has_a_row_for_every_grouped_module():
+    rows = run_mutmut.read_scores()
+    assert list(rows) == [module for group in run_mutmut.GROUPS for module in group.modules]
+    assert all(row["score"].endswith("%") and row["run"] for row in rows.values())
+
+
+def test_a_saved_run_rewrites_its_groups_rows_and_sample_and_keeps_the_others(tmp_path):
+    group = run_mutmut.GROUPS[0]
+    module = next(iter(group.modules))
+    stem = group.modules[module][0].rstrip("*") + "x_f__mutmut_"
+    statuses = {f"{stem}{n}": "killed" for n in range(1, 16)}
+    statuses.update({f"{stem}16": "survived", f"{stem}17": "survived", f"{stem}18": "no tests"})
+    listed = {f"{stem}16": ("equivalent", "why"), f"{stem}17": ("gpu-killed", "why"), f"{stem}18": ("open", "why")}
+    record = {"groups": {group.name: {"commit": "abc1234", "date": "2026-01-02", "seconds": 5}}, "mutants": statuses}
+    scores, sample = tmp_path / "scores.md", tmp_path / "sample.txt"
+    scores.write_text(run_mutmut.SCORES.read_text())
+    other = run_mutmut.GROUPS[-1]
+    kept = [name for name in run_mutmut.read_killed_sample() if run_mutmut.module_of(name) in other.modules]
+    sample.write_text("\n".join(kept) + "\n")
+    run_mutmut.write_scores(record, listed, scores)
+    run_mutmut.write_killed_sample(record, sample)
+    rows = run_mutmut.read_scores(scores)
+    expected = {"run": "abc1234, 2026-01-02, 5 s", "mutants": "18", "killed": "15", "equivalent": "1",
+                "gpu-killed": "1", "open": "1", "not listed": "0", "score": "88.2 %", "with the GPU's kills": "94.1 %"}
+    assert {column: rows[module][column] for column in expected} == expected
+    assert {m: rows[m] for m in other.modules} == {m: run_mutmut.read_scores()[m] for m in other.modules}
+    drawn = [line for line in sample.read_text().splitlines() if not line.startswith("#")]
+    assert set(kept) < set(drawn)
+    assert len(set(drawn) - set(kept)) == run_mutmut.SAMPLE_PER_GROUP
+    assert all(statuses.get(name) == "killed" for name in set(drawn) - set(kept))

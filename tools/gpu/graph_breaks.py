@@ -2,7 +2,7 @@
 fullgraph): how many Dynamo graph breaks, how many of them FlashInfer's, and the decode throughput, with and
 without the shim and with the declared-ops gate at each value.
 
-    (0.5.14 staged by tools/gpu/stage.sh, in the calls docs/testing.md lists)
+    (SGLang 0.5.14 staged: tools/gpu/stage.sh kernel-0.5.14, engine-0.5.14 w1, engine-0.5.14 w2)
     PYTHONPATH=/tmp/site14:src python3 tools/gpu/graph_breaks.py $OUT/breaks [qwen3 [case,case,...]]
     python3 tools/gpu/graph_breaks.py --count LOG...      (recount logs a run brought back)
 

@@ -1,32 +1,21 @@
 """Break the shim on purpose, one behaviour at a time, and require a named test to fail each time.
 
-Every entry of ``mutations.MUTATIONS`` replaces one snippet of ``src/`` (it must occur exactly once) in a
-temporary copy of the project and runs the tests it names there; the mutation is *caught* when at least
-one of them fails. The unmutated tree must pass the same tests first, or the list proves nothing: either
-here (the baseline run), or in the JUnit reports of a run of this same checkout (``--baseline-from``, what
-CI passes after its test stages).
-
-    python tools/mutation/run_mutations.py              # the fast subset (what CI runs)
-    python tools/mutation/run_mutations.py --all        # every mutation
-    python tools/mutation/run_mutations.py --only NAME  # one or more by name
-    python tools/mutation/run_mutations.py --gpu        # the GPU tests' mutations, on a GPU machine
-    python tools/mutation/run_mutations.py --baseline-from reports/*.xml
-    python tools/mutation/run_mutations.py --gpu --from mutants.json --json kills.json
-        # generated mutants (gpu_mutants.py pack) in place of the curated list; each result written as it comes
+Every entry of ``mutations.toml`` replaces snippets of ``src/`` (each must occur exactly once) in a temporary
+copy of the project and runs the tests it names there; the mutation is caught when one of them fails. The
+unmutated copy must pass the same tests first, here or in the JUnit reports of a run of this checkout
+(``--baseline-from``, as CI does). ``--from`` runs a ``gpu_mutants.py pack`` file instead (docs/testing.md).
 
 With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
 FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
-those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each mutation is a fresh
-interpreter, since CUDA cannot be used in a forked child once the parent touched it.
-
-Prints one line per mutation (caught by which test, or SURVIVED) and exits 1 when any survives, when a
+those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each is a fresh interpreter, since
+CUDA cannot be used in a forked child once the parent touched it. Exits 1 when a mutation survives, when a
 snippet is missing or ambiguous, or when the unmutated baseline fails.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
+import dataclasses
 import importlib
 import json
 import os
@@ -36,13 +25,35 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mutations import MUTATIONS, Mutation  # noqa: E402
+CURATED = Path(__file__).resolve().parent / "mutations.toml"
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    name: str
+    why: str
+    edits: tuple  # (path, old snippet, new snippet) each
+    tests: tuple
+    fast: bool = True
+    gpu: bool = False
+
+
+def mutation_of(entry: dict, gpu: bool = False) -> Mutation:
+    """One entry of mutations.toml or of a ``gpu_mutants.py pack`` file (the same keys)."""
+    olds, news = (entry["old"], entry["new"]) if isinstance(entry["old"], list) else ([entry["old"]], [entry["new"]])
+    gpu = gpu or entry.get("gpu", False)
+    return Mutation(entry["name"], entry["why"], tuple((entry["path"], old, new) for old, new in zip(olds, news, strict=True)),
+                    tuple(entry["tests"]), entry.get("fast", True) and not gpu, gpu)
+
+
+def curated_mutations() -> list:
+    return [mutation_of(entry) for entry in tomllib.loads(CURATED.read_text())["mutation"]]
 
 
 #: What a copy needs where there is no git (the GPU machine gets the working tree without .git).
@@ -92,30 +103,9 @@ def failed_tests(report: Path) -> list:
     return failed
 
 
-def run_tests(tree: Path, tests: tuple, report: Path, timeout: float) -> tuple:
-    """(return code, failed test ids) of pytest over ``tests`` with ``tree/src`` first on the path."""
-    command = [sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)]
-    try:
-        completed = subprocess.run(command, cwd=tree, env=_environment(tree), capture_output=True, text=True,
-                                   timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return "timeout", []
-    failed = failed_tests(report)
-    if completed.returncode not in (0, 1):  # collection error, crash, usage error
-        failed.append(f"pytest exit {completed.returncode}: {(completed.stdout + completed.stderr)[-300:]}")
-    return completed.returncode, failed
-
-
 #: What each mutation's pytest would import first; imported once here when mutations run as forks.
 PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor.compile_fx", "flashinfer",
              "hypothesis", "pytest", "safetensors", "wrapt", "packaging.version")
-
-
-def can_fork() -> bool:
-    """Forking is safe while no CUDA context exists; a CPU-only torch never makes one."""
-    import torch
-
-    return hasattr(os, "fork") and torch.version.cuda is None
 
 
 def preload() -> None:
@@ -153,36 +143,48 @@ def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
         os._exit(code)
 
 
-class Forks:
-    """At most ``jobs`` forked pytest runs at once; ``wait()`` returns the next finished one."""
+class Runs:
+    """At most one pytest run per tree at once, each a fork of this process (``forking``) or a fresh interpreter;
+    ``wait()`` returns the next one to end."""
 
-    def __init__(self, timeout: float):
-        self.timeout = timeout
-        self.running = {}  # pid -> (started, key, report, log)
+    def __init__(self, timeout: float, forking: bool):
+        self.timeout, self.forking = timeout, forking
+        self.running = {}  # pid or Popen -> (started, key, report, log)
 
     def start(self, key, tree: Path, tests: tuple, scratch: Path) -> None:
         report, log = scratch / f"{tree.name}.xml", scratch / f"{tree.name}.log"
         report.unlink(missing_ok=True)
-        self.running[fork_tests(tree, tests, report, log)] = (time.perf_counter(), key, report, log)
+        if self.forking:
+            handle = fork_tests(tree, tests, report, log)
+        else:
+            with open(log, "w") as out:
+                handle = subprocess.Popen([sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)], cwd=tree,
+                                          env=_environment(tree), stdout=out, stderr=subprocess.STDOUT)
+        self.running[handle] = (time.perf_counter(), key, report, log)
+
+    @staticmethod
+    def _exit_code(handle):
+        if isinstance(handle, subprocess.Popen):
+            return handle.poll()
+        pid, status = os.waitpid(handle, os.WNOHANG)
+        return os.waitstatus_to_exitcode(status) if pid else None
 
     def wait(self) -> tuple:
         """(key, return code or "timeout", failed test ids) of the next run to end."""
         while True:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid in self.running:
-                _, key, report, log = self.running.pop(pid)
-                code = os.waitstatus_to_exitcode(status)
-                failed = failed_tests(report)
-                if code not in (0, 1):
-                    failed.append(f"pytest exit {code}: {log.read_text(errors='replace')[-300:]}")
-                return key, code, failed
-            now = time.perf_counter()
-            for pid, (started, key, report, log) in list(self.running.items()):
-                if now - started > self.timeout:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    del self.running[pid]
+            for handle, (started, key, report, log) in list(self.running.items()):
+                code = self._exit_code(handle)
+                if code is None and time.perf_counter() - started > self.timeout:
+                    os.kill(getattr(handle, "pid", handle), signal.SIGKILL)
+                    handle.wait() if isinstance(handle, subprocess.Popen) else os.waitpid(handle, 0)
+                    del self.running[handle]
                     return key, "timeout", []
+                if code is not None:
+                    del self.running[handle]
+                    failed = failed_tests(report)
+                    if code not in (0, 1):  # collection error, crash, usage error
+                        failed.append(f"pytest exit {code}: {log.read_text(errors='replace')[-300:]}")
+                    return key, code, failed
             time.sleep(0.05)
 
 
@@ -211,9 +213,8 @@ def apply(tree: Path, mutation: Mutation) -> dict:
     saved = {}
     for path, old, new in mutation.edits:
         file = tree / path
-        text = saved.get(path) or file.read_text()
-        saved.setdefault(path, text)
         current = file.read_text()
+        saved.setdefault(path, current)
         count = current.count(old)
         if count != 1:
             raise LookupError(f"{mutation.name}: the snippet occurs {count} times in {path}: {old[:80]!r}")
@@ -228,7 +229,9 @@ def restore(tree: Path, saved: dict) -> None:
 
 def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
     caught = [test for test in failed if not test.startswith("pytest exit")]
-    if code == "timeout":
+    if isinstance(code, LookupError):  # a snippet missing or ambiguous: the mutation no longer applies
+        result, detail = "STALE", str(code)
+    elif code == "timeout":
         result, detail = "caught", "the named tests timed out"
     elif isinstance(code, int) and code < 0:  # killed by a signal: the tests crashed, as a user's run would
         result, detail = "caught", f"the named tests crashed (signal {-code}): {failed[-1][-200:]}"
@@ -240,64 +243,31 @@ def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
             "tests": list(mutation.tests)}
 
 
-def stale(mutation: Mutation, error: LookupError) -> dict:
-    return {"name": mutation.name, "result": "STALE", "detail": str(error), "seconds": 0.0,
-            "tests": list(mutation.tests)}
-
-
-def check(tree: Path, mutation: Mutation, timeout: float) -> dict:
-    started = time.perf_counter()
-    try:
-        saved = apply(tree, mutation)
-    except LookupError as error:
-        return stale(mutation, error)
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            code, failed = run_tests(tree, mutation.tests, Path(scratch) / "report.xml", timeout)
-    finally:
-        restore(tree, saved)
-    return outcome(mutation, code, failed, started)
-
-
-def run_in_threads(trees: list, selected: list, timeout: float, report) -> None:
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(trees)) as pool:
-        free, pending, queue = list(trees), {}, list(selected)
-        while queue or pending:
-            while queue and free:
-                tree, mutation = free.pop(), queue.pop(0)
-                pending[pool.submit(check, tree, mutation, timeout)] = tree
-            done, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in done:
-                free.append(pending.pop(future))
-                report(future.result())
-
-
-def run_in_forks(trees: list, selected: list, timeout: float, scratch: Path, report) -> None:
-    forks, free, queue = Forks(timeout), list(trees), list(selected)
-    started, saved = {}, {}
-    while queue or forks.running:
+def run_all(trees: list, selected: list, runs: Runs, scratch: Path, report) -> None:
+    free, queue, started, saved = list(trees), list(selected), {}, {}
+    while queue or runs.running:
         while queue and free:
             tree, mutation = free.pop(), queue.pop(0)
             try:
                 saved[tree] = apply(tree, mutation)
             except LookupError as error:
                 free.append(tree)
-                report(stale(mutation, error))
+                report(outcome(mutation, error, [], time.perf_counter()))
                 continue
             started[tree] = time.perf_counter()
-            forks.start((tree, mutation), tree, mutation.tests, scratch)
-        if not forks.running:
+            runs.start((tree, mutation), tree, mutation.tests, scratch)
+        if not runs.running:
             continue
-        (tree, mutation), code, failed = forks.wait()
+        (tree, mutation), code, failed = runs.wait()
         restore(tree, saved.pop(tree))
         free.append(tree)
         report(outcome(mutation, code, failed, started.pop(tree)))
 
 
 def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -> Optional[str]:
-    """Why the unmutated tree does not pass the named tests, or None. In forks the tests run the way the
-    mutations will, split over the trees. With ``--baseline-from`` the reports stand for the tests marked
-    ``slow`` (each starts fresh interpreters, which a fork cannot change), and the rest run here anyway."""
+    """Why the unmutated tree does not pass the named tests, or None; they run the way the mutations will, split
+    over the trees. With ``--baseline-from`` the reports stand for the tests marked ``slow`` (each starts fresh
+    interpreters, which a fork cannot change), and in forks the rest run here anyway."""
     selection = ()
     if options.baseline_from:
         missing = passed_in_reports(tests, options.baseline_from)
@@ -306,26 +276,21 @@ def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -
         if not forking:
             return None
         selection = ("-m", "not slow")
-    if not forking:
-        code, failed = run_tests(trees[0], tests, scratch / "baseline.xml", options.timeout * 4)
-        return None if code == 0 else f"the unmutated tree fails the named tests ({failed[:3]})"
-    forks, chunks = Forks(options.timeout * 4), [tests[i::len(trees)] for i in range(len(trees))]
-    for tree, chunk in zip(trees, chunks):
+    runs, failures = Runs(options.timeout * 4, forking), []
+    for tree, chunk in zip(trees, [tests[i::len(trees)] for i in range(len(trees))]):
         if chunk:  # an empty chunk would be pytest with no test named: the whole suite
-            forks.start(tree, tree, chunk + selection, scratch)
-    failures = []
-    while forks.running:
-        _, code, failed = forks.wait()
+            runs.start(tree, tree, chunk + selection, scratch)
+    while runs.running:
+        _, code, failed = runs.wait()
         if code not in (0, 5):  # 5: every test of the chunk deselected
             failures += failed or [f"pytest exit {code}"]
-    return f"the unmutated tree fails the named tests in a fork ({failures[:3]})" if failures else None
+    return f"the unmutated tree fails the named tests ({failures[:3]})" if failures else None
 
 
 def load_mutations(path: Path) -> tuple:
     """(commit, mutations) from a ``gpu_mutants.py pack`` file."""
     document = json.loads(path.read_text())
-    return document["commit"], [Mutation(m["name"], m["why"], ((m["path"], m["old"], m["new"]),), tuple(m["tests"]),
-                                         fast=False, gpu=True) for m in document["mutations"]]
+    return document["commit"], [mutation_of(entry, gpu=True) for entry in document["mutations"]]
 
 
 def main() -> int:
@@ -341,29 +306,21 @@ def main() -> int:
     parser.add_argument("--no-fork", action="store_true", help="a fresh interpreter per mutation")
     parser.add_argument("--from", dest="source", type=Path, metavar="PACKED",
                         help="the mutations of this gpu_mutants.py pack file instead of the curated list")
-    parser.add_argument("--skip", nargs="+", type=Path, default=[], metavar="JSON",
-                        help="leave out the mutations these --json reports already decided")
     parser.add_argument("--json", type=Path, help="write the results here, rewritten after each one")
     options = parser.parse_args()
-    packed_at, mutations = load_mutations(options.source) if options.source else (None, MUTATIONS)
-    decided = {r["name"] for path in options.skip for r in json.loads(path.read_text())["results"]}
-    mutations = [m for m in mutations if m.name not in decided]
-    names = {m.name for m in mutations}
-    if len(names) != len(mutations):
-        print("mutation names must be unique", file=sys.stderr)
-        return 1
+    packed_at, mutations = load_mutations(options.source) if options.source else (None, curated_mutations())
     if options.only:
-        unknown = set(options.only) - names
-        if unknown:
-            print(f"unknown mutations: {', '.join(sorted(unknown))}", file=sys.stderr)
-            return 1
         selected = [m for m in mutations if m.name in options.only]
+        if len(selected) != len(set(options.only)):
+            raise SystemExit(f"unknown mutations: {sorted(set(options.only) - {m.name for m in selected})}")
     elif options.gpu:
         selected = [m for m in mutations if m.gpu]
     else:
         selected = [m for m in mutations if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
-    forking = not options.no_fork and can_fork()
+    import torch  # forking is safe while no CUDA context exists; a CPU-only torch never makes one
+
+    forking = not options.no_fork and hasattr(os, "fork") and torch.version.cuda is None
     if forking:
         preload()
         print(f"preloaded {', '.join(PRELOADED)} ({time.perf_counter() - started:.0f} s); each mutation runs in a fork",
@@ -385,10 +342,7 @@ def main() -> int:
             return 1
         print(f"baseline: the {len(baseline_tests)} named tests pass unmutated ({time.perf_counter() - started:.0f} s)",
               flush=True)
-        if forking:
-            run_in_forks(trees, selected, options.timeout, Path(scratch), report)
-        else:
-            run_in_threads(trees, selected, options.timeout, report)
+        run_all(trees, selected, Runs(options.timeout, forking), Path(scratch), report)
     bad = [r for r in results if r["result"] != "caught"]
     print(f"{len(results) - len(bad)}/{len(results)} mutations caught in {time.perf_counter() - started:.0f} s"
           + (f"; not caught: {', '.join(r['name'] for r in bad)}" if bad else ""))

@@ -1,23 +1,15 @@
 """Generated mutation testing with mutmut over the modules whose bugs are silent, checked against a list.
 
-mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that
-function (its common settings are ``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py lets its
-trampolines run under torch.compile and keeps a mutant's session cheap). The modules are run in GROUPS, each
-in its own temporary copy of the project with its own test selection: the fast tests that protect those
-modules, so a surviving mutant (which runs every selected test that reaches its function) costs seconds,
-not the whole suite. The outcome is held against ``survivors.txt``: every surviving mutant must be listed
-there with the reason it is equivalent, and every listed one must still exist and still survive. It prints
-the killed ratio per module, listed mutants excluded.
+mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that function
+(``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py). The modules run in groups (groups.toml),
+each in a temporary copy of the project with its own test selection, so a surviving mutant costs seconds, not the
+suite. Every surviving mutant must be listed in survivors.txt with its kind and reason, and every listed one must
+still exist and still survive. The tree keeps the score per module (scores.md) and killed mutants per group
+(killed_sample.txt, for CI's sample); per-mutant results and mutmut's statistics go to the ignored .mutation/.
 
-    python tools/mutation/run_mutmut.py --save          # the full run; writes mutmut_results.json (committed)
-    python tools/mutation/run_mutmut.py --module layout # the group holding one module (its other modules too)
-    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N
-        # CI: 40 mutants the committed run killed, from 3 groups chosen by N (CI takes it from the commit);
-        # fails when one of them now survives
-    python tools/mutation/run_mutmut.py --module layout --survivors --save
-        # only what the module's committed run left standing, with today's tests (added since), merged into
-        # that run; refused when the group's code changed since its commit (the mutants would not be the same;
-        # docstrings and comments may change)
+    python tools/mutation/run_mutmut.py [--module layout] --save     # every group, or the one holding a module
+    python tools/mutation/run_mutmut.py --module layout --survivors --save   # what the last run left standing
+    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N   # CI's stage
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -29,7 +21,8 @@ import ast
 import dataclasses
 import datetime
 import fnmatch
-import functools
+import hashlib
+import itertools
 import json
 import os
 import random
@@ -39,180 +32,55 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SURVIVORS = HERE / "survivors.txt"
-RESULTS = HERE / "mutmut_results.json"
-#: Each group's stats from the last full run (which test reaches which function, and what it costs), so
-#: a sample run reuses them instead of running the group's whole selection once more.
-STATS = HERE / "mutmut_stats"
-#: What the GPU machine made of the gpu-only survivors (tools/mutation/gpu_mutants.py record).
-GPU_KILLS = HERE / "gpu_kills.json"
+SCORES = HERE / "scores.md"
+KILLED_SAMPLE = HERE / "killed_sample.txt"
+#: What a run leaves for later runs in this checkout: the per-mutant results and each group's mutmut statistics
+#: (which test reaches which function, and what it costs), which spare a later run the group's whole selection.
+RESULTS = ROOT / ".mutation" / "results.json"
+STATS = ROOT / ".mutation" / "stats"
+#: Mutants per group that a full run writes to killed_sample.txt.
+SAMPLE_PER_GROUP = 14
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
-
-_SUBPROCESS_TESTS = (  # minutes of venvs and children, which mutmut's trampolines do not follow
-    "--deselect", "tests/activation/test_routes.py::test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch",
-    "--deselect", "tests/lifecycle/test_lifecycle.py::test_import_without_flashinfer_installed_succeeds_and_says_so",
-)
-#: Tests that compare a compiled region with eager execution, where both compute with the same reference
-#: arithmetic: they see a mutant of it only if it breaks tracing, and cost an inductor build per run.
-_COMPILED_AGAINST_EAGER = (
-    "--deselect", "tests/fp4/test_family.py::test_traces_with_no_graph_breaks_runs_and_matches_eager",
-    "--deselect", "tests/fp4/test_properties.py::test_compiled_fp4_quantize_matches_eager",
-)
-_STATUS_PROPERTY = ("--deselect", "tests/fp4/test_properties.py::test_status_keeps_its_keys_and_names_every_unknown_value")
 
 
 @dataclasses.dataclass(frozen=True)
 class Group:
-    """Modules run together: their files, the mutant names in scope per module, the tests that protect them."""
+    """Modules run together: the mutant name patterns per module, and the tests (pytest arguments) that protect them."""
 
     name: str
     modules: dict
     tests: tuple
-    #: At most this many mutants at once, whatever --max-children says (see the group that sets it).
-    most_children: int = 2
+    most_children: int = 2  # mutants at once
 
     @property
     def slug(self) -> str:
         return re.sub(r"\W+", "-", self.name)
 
 
-def _package_file(pattern: str) -> str:
-    module = pattern.split(".x")[0].rstrip(".*")
-    return "src/" + module.replace(".", "/") + ".py"
+def read_groups(path: Path = HERE / "groups.toml") -> tuple:
+    document = tomllib.loads(path.read_text())
+    deselected = lambda names: [argument for name in names for test in document["deselect"].get(name, [name])
+                                for argument in ("--deselect", test)]
+    return tuple(Group(g["name"], g["modules"], (*g["tests"], *deselected(g.get("deselect", ()))),
+                       g.get("most_children", 2)) for g in document["group"])
 
 
-GROUPS = (  # cheapest first
-    Group("arithmetic", {
-        "fp4_arithmetic": ["_fp4_dynamo_shim.fp4.arithmetic.*"],
-        "reference": ["_fp4_dynamo_shim.fp4.reference.*"],
-        "layout": ["_fp4_dynamo_shim.fp4.layout.*"],
-    }, ("tests/fp4/test_reference.py", "tests/fp4/test_reference_cases.py", "tests/fp4/test_kernel_modes.py",
-        "tests/fp4/test_arithmetic.py", "tests/fp4/test_arithmetic_cases.py", "tests/fp4/test_layouts.py",
-        "tests/fp4/test_properties.py",
-        "tests/fp4/test_family.py", *_SUBPROCESS_TESTS, *_COMPILED_AGAINST_EAGER, *_STATUS_PROPERTY)),
-    Group("start-up and tables", {
-        "switches": ["_fp4_dynamo_shim.switches.*"],
-        "targets": ["_fp4_dynamo_shim.fp4.releases.*"],
-    }, ("tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py",
-        "tests/activation/test_routes.py::test_install_honours_the_kill_switch_in_process",
-        "tests/activation/test_routes.py::test_status_lists_what_the_plugin_rebound", "tests/fp4/test_properties.py", "tests/lifecycle/test_lifecycle.py", *_SUBPROCESS_TESTS,
-        "tests/fp4/test_op.py::test_each_release_gets_the_row_its_wheel_calls_for",
-        "tests/fp4/test_op.py::test_swizzled_scale_factor_columns_follow_the_release",
-        "tests/fp4/test_op.py::test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it",
-        "tests/fp4/test_op.py::test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row",
-        "tests/fp4/test_flashinfer_op.py::test_the_release_table_says_what_flashinfers_op_body_does")),
-    Group("settings and leaves", {
-        "settings": ["_fp4_dynamo_shim.settings.*"],
-        "versions": ["_fp4_dynamo_shim.versions.*"],
-        "cuda_version": ["_fp4_dynamo_shim.cuda_version.*"],
-        "rebind": ["_fp4_dynamo_shim.rebind.*"],
-        "devices": ["_fp4_dynamo_shim.fp4.devices.*"],
-    }, ("tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py", "tests/lifecycle/test_cuda_version.py",
-        "tests/lifecycle/test_devices.py", "tests/lifecycle/test_rebind.py",
-        "tests/lifecycle/test_lifecycle.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_parity.py",
-        "tests/fp4/test_compile.py::test_module_that_imported_fp4_quantize_before_the_shim_is_rebound_and_compiles",
-        *_SUBPROCESS_TESTS)),
-    Group("checks", {
-        "checks": ["_fp4_dynamo_shim.verify.checks.*"],
-    }, ("tests/verify/test_checks.py", "tests/verify/test_checks.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference",
-        "tests/fp4/test_flashinfer_op.py::test_verify_compiles_flashinfers_op_with_a_kernel_that_cannot_take_fake_tensors")),
-    Group("family", {
-        "family_ops": ["_fp4_dynamo_shim.fp4.family_ops.*"],
-        "family": ["_fp4_dynamo_shim.fp4.family.*"],
-    }, ("tests/fp4/test_family.py", "tests/fp4/test_family_arithmetic.py", "tests/fp4/test_layouts.py",
-        "tests/fp4/test_family_table.py", "tests/fp4/test_family_parity.py", "tests/fp4/test_family_checks.py",
-        "tests/fp4/test_family_kernel.py", "tests/fp4/test_family_cases.py",
-        "tests/fp4/test_properties.py", *_SUBPROCESS_TESTS,
-        *_STATUS_PROPERTY)),
-    Group("tracing", {
-        "wrapper (direct path)": ["_fp4_dynamo_shim.fp4.replacement.x__direct_path__mutmut_*",
-                                  "_fp4_dynamo_shim.fp4.replacement.x_build__mutmut_*"],
-        "ops": ["_fp4_dynamo_shim.fp4.quantize_op.*"],
-        "flashinfer_op": ["_fp4_dynamo_shim.fp4.flashinfer_op.*"],
-    }, ("tests/fp4/test_op.py", "tests/fp4/test_compile.py", "tests/fp4/test_flashinfer_op.py", "tests/fp4/test_parity.py",
-        "tests/fp4/test_battery.py", "tests/fp4/test_direct_path.py", "tests/fp4/test_layouts.py", "tests/fp4/test_properties.py",
-        "tests/fp4/test_replacement_cases.py", "tests/fp4/test_flashinfer_op_cases.py",
-        "tests/fp4/test_quantize_op_cases.py", "tests/lifecycle/test_lifecycle.py",
-        *_SUBPROCESS_TESTS, *_STATUS_PROPERTY)),
-    Group("sglang tables", {
-        "sglang/releases": ["_fp4_dynamo_shim.sglang.releases.*"],
-        "sglang/source": ["_fp4_dynamo_shim.sglang.source.*"],
-        "verify/sglang": ["_fp4_dynamo_shim.verify.sglang.*"],
-    }, ("tests/sglang/test_sglang_releases.py", "tests/sglang/test_sglang_source.py",
-        "tests/sglang/test_sglang_source_shapes.py", "tests/sglang/test_user_lines.py",
-        "tests/verify/test_checks.py")),
-    Group("verify", {
-        "verify/report": ["_fp4_dynamo_shim.verify.report.*"],
-        "verify/workers": ["_fp4_dynamo_shim.verify.workers.*"],
-    }, ("tests/verify/test_checks.py", "tests/verify/test_report.py", "tests/verify/test_workers.py",
-        "tests/sglang/test_user_lines.py",
-        "tests/declared/test_declared.py::test_verify_says_what_the_gpu_record_holds_for_the_installed_release")),
-    Group("lifecycle", {
-        "lifecycle": ["_fp4_dynamo_shim.lifecycle.*"],
-        "oplib": ["_fp4_dynamo_shim.oplib.*"],
-    }, ("tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_oplib.py",
-        "tests/lifecycle/test_apply_steps.py",
-        "tests/lifecycle/test_faults.py", "tests/lifecycle/test_settings.py", "tests/lifecycle/test_versions.py",
-        "tests/lifecycle/test_cuda_version.py",
-        "tests/activation/test_routes.py::test_install_honours_the_kill_switch_in_process",
-        "tests/activation/test_routes.py::test_status_lists_what_the_plugin_rebound", *_SUBPROCESS_TESTS)),
-    Group("declared", {
-        "declared/scan": ["_fp4_dynamo_shim.declared.scan.*"],
-        "declared/codegen": ["_fp4_dynamo_shim.declared.codegen.*"],
-        "declared/build": ["_fp4_dynamo_shim.declared.build.*"],
-        "declared/layer": ["_fp4_dynamo_shim.declared.layer.*"],
-        "declared/rules": ["_fp4_dynamo_shim.declared.rules.*"],
-        "declared/polyfill": ["_fp4_dynamo_shim.declared.polyfill.*"],
-    }, ("tests/declared/test_declared.py", "tests/declared/test_declared_schemas.py",
-        "tests/declared/test_declared_rules.py", "tests/declared/test_declared_fakes.py",
-        "tests/declared/test_declared_getter.py", "tests/declared/test_declared_scan_cases.py",
-        "tests/declared/test_declared_layer_cases.py", "tests/declared/test_declared_polyfill_cases.py",
-        "tests/declared/test_declared_codegen_cases.py", "tests/declared/test_declared_build_cases.py")),
-    Group("start-up and front", {
-        "routes/site_files": ["_fp4_dynamo_shim.routes.site_files.*"],
-        "routes/importer": ["_fp4_dynamo_shim.routes.importer.*"],
-        "entry/startup": ["_fp4_dynamo_shim.entry.startup.*"],
-        "entry/sglang_plugin": ["_fp4_dynamo_shim.entry.sglang_plugin.*"],
-        "cli": ["_fp4_dynamo_shim.cli.*"],
-        "usage": ["_fp4_dynamo_shim.usage.*"],
-    }, ("-m", "not slow", "tests/activation/test_routes.py", "tests/activation/test_activation.py",
-        "tests/activation/test_installed_lines.py", "tests/activation/test_site_files_cases.py",
-        "tests/activation/test_startup_cases.py", "tests/verify/test_cli.py", "tests/verify/test_cli_cases.py",
-        "tests/verify/test_report.py",
-        "tests/verify/test_workers.py", "tests/lifecycle/test_export.py", "tests/lifecycle/test_apply_steps.py",
-        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_rebind.py", *_SUBPROCESS_TESTS),
-        # A mutant that loses the temporary site directory writes the interpreter's own; the tests' guard
-        # (tests/support/own_site.py) fails it and puts the files back, which only works one mutant at a time.
-        most_children=1),
-    # Every test applies the shim (an autouse fixture), so every test reaches these two: the tests about
-    # applying, the kernel modes and the JIT build's faults (without their two multi-process ones) keep a
-    # surviving mutant's run under a minute.
-    Group("FP4 kernels and layer", {
-        "fp4/kernels": ["_fp4_dynamo_shim.fp4.kernels.*"],
-        "fp4/layer": ["_fp4_dynamo_shim.fp4.layer.*"],
-    }, ("tests/fp4/test_kernels_cases.py", "tests/fp4/test_layer_cases.py", "tests/fp4/test_kernel_modes.py",
-        "tests/fp4/test_family_kernel.py", "tests/lifecycle/test_apply_steps.py",
-        "tests/lifecycle/test_lifecycle.py", "tests/lifecycle/test_faults.py", "tests/lifecycle/test_rebind.py",
-        "--deselect", "tests/lifecycle/test_faults.py::test_eight_processes_applying_at_once_all_succeed",
-        "--deselect", "tests/lifecycle/test_faults.py::test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so",
-        *_SUBPROCESS_TESTS)),
-    # A release newer than tested, judged from its sources: the tool's tests run it in this process.
-    Group("newer releases", {
-        "sources": ["_fp4_dynamo_shim.sources.*"],
-        "release_parts": ["_fp4_dynamo_shim.release_parts.*"],
-        "fp4/parts": ["_fp4_dynamo_shim.fp4.parts.*"],
-    }, ("tests/tools/test_release_parts.py", "tests/lifecycle/test_newer_release.py")),
-)
+GROUPS = read_groups()
+
+
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
 def group_files(group: Group) -> list:
-    return sorted({_package_file(p) for patterns in group.modules.values() for p in patterns})
+    return sorted({"src/" + p.split(".x")[0].rstrip(".*").replace(".", "/") + ".py"
+                   for patterns in group.modules.values() for p in patterns})
 
 
 def module_of(name: str):
@@ -227,77 +95,45 @@ def group_of_module(module: str) -> Group:
     return next(group for group in GROUPS if module in group.modules)
 
 
-#: How a listed survivor counts: an equivalent mutant is left out of the score; one that could not be
-#: killed here (it differs only on a GPU, or no test found yet tells it apart) counts as not killed.
-KINDS = ("equivalent", "gpu-only", "open")
+#: How a listed survivor counts: an equivalent mutant is left out of the score; a gpu-only one differs only on
+#: a GPU, and a test under tests/gpu that its reason names kills it there (gpu-killed once the GPU machine has
+#: run that: gpu_mutants.py); an open one is not shown equivalent and no test found yet tells it apart.
+KINDS = ("equivalent", "gpu-only", "gpu-killed", "open")
 
 
-def read_survivors() -> dict:
-    """name -> (kind, reason), from ``survivors.txt``: ``name  # kind: reason`` per line, kind one of KINDS
-    (blank lines and comment lines skipped)."""
+def read_survivors(path: Path = SURVIVORS) -> dict:
+    """name -> (kind, reason), from ``names  # kind: reason`` lines, where ``names`` is a mutant's name or several
+    of one function's as ``x_f__mutmut_{3,5,8}`` (blank lines and comment lines skipped)."""
     listed = {}
-    for line in SURVIVORS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        name, _, note = line.partition("#")
+        names, _, note = line.partition("#")
         kind, _, reason = note.partition(":")
         if kind.strip() not in KINDS or not reason.strip():
-            raise SystemExit(f"{SURVIVORS.name}: {name.strip()}: expected '# kind: reason', kind one of {KINDS}")
-        listed[name.strip()] = (kind.strip(), reason.strip())
+            raise SystemExit(f"{path.name}: {names.strip()}: expected '# kind: reason', kind one of {KINDS}")
+        stem, _, numbers = names.strip().rstrip("}").partition("{")
+        for number in numbers.split(",") if numbers else [""]:
+            listed[stem + number] = (kind.strip(), reason.strip())
     return listed
 
 
-def gpu_kills() -> dict:
-    return json.loads(GPU_KILLS.read_text()) if GPU_KILLS.exists() else {}
+def write_survivors(listed: dict, path: Path = SURVIVORS) -> None:
+    """Rewrite the list's lines (its leading comments kept), one per function, kind and reason, in the order read."""
+    lines, by_line = [], {}
+    for name, (kind, reason) in listed.items():
+        stem, number = re.fullmatch(r"(.*?)(\d*)", name).groups()
+        by_line.setdefault((stem, kind, reason), []).append(number)
+    for (stem, kind, reason), numbers in by_line.items():
+        names = stem + (f"{{{','.join(sorted(numbers, key=int))}}}" if len(numbers) > 1 else numbers[0])
+        lines.append(f"{names}  # {kind}: {reason}")
+    text = path.read_text().splitlines() if path.exists() else []
+    header = list(itertools.takewhile(lambda line: line.startswith("#") or not line.strip(), text))
+    path.write_text("\n".join(header + lines) + "\n")
 
 
-_TEST = re.compile(r"(?:tests/gpu/)?test_gpu_\w+\.py(?:::\w+)?")
-_SAME_AS = re.compile(r"\bas (x_\w+__mutmut_\d+)")
-
-
-def named_tests(name: str, listed: dict, seen=()) -> tuple:
-    """The GPU tests a gpu-only survivor's reason names; "as <other mutant>" borrows that mutant's."""
-    reason = listed[name][1]
-    tests = tuple(dict.fromkeys(t if t.startswith("tests/gpu/") else f"tests/gpu/{t}" for t in _TEST.findall(reason)))
-    if tests:
-        return tests
-    other = _SAME_AS.search(reason)
-    if other:
-        borrowed = name.rsplit(".", 1)[0] + "." + other.group(1)
-        if borrowed in listed and borrowed not in seen:
-            return named_tests(borrowed, listed, (*seen, name))
-    return ()
-
-
-@functools.lru_cache(maxsize=None)
-def changed_since(commit_: str, paths: tuple) -> bool:
-    """Whether any of ``paths`` differs between ``commit_`` and the working tree (True when git cannot say)."""
-    return subprocess.run(["git", "diff", "--quiet", commit_, "--", *paths], cwd=ROOT).returncode != 0
-
-
-def gpu_record(name: str, listed: dict, kills: dict):
-    """What the GPU machine made of a listed survivor, or None. For a gpu-only line: a kill counts when the
-    tests that made it are among those the line names today; a survival only when it ran every test the line
-    names, and while their files are as they were then (a line naming other tests, or tests strengthened
-    since, is a claim not yet run)."""
-    record = kills.get(name)
-    if record is None or name not in listed:
-        return None
-    if listed[name][0] == "gpu-only":
-        named, ran = set(named_tests(name, listed)), set(record["tests"])
-        if record["result"] == "caught":
-            return record if ran <= named else None
-        files = tuple(sorted({test.split("::")[0] for test in named}))
-        if not named <= ran or changed_since(record["commit"], files):
-            return None
-    return record
-
-
-def contradicted_gpu_claims(listed: dict, kills: dict) -> list:
-    """Listed survivors whose GPU record contradicts their kind: a gpu-only one whose named GPU tests all
-    passed on the GPU machine, or an equivalent or open one that a GPU test killed."""
-    return sorted(name for name, (kind, _) in listed.items() if gpu_record(name, listed, kills) is not None
-                  and (kills[name]["result"] == "caught") != (kind == "gpu-only"))
+def read_killed_sample(path: Path = KILLED_SAMPLE) -> list:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
 def _toml_list(values) -> str:
@@ -318,147 +154,99 @@ def mutmut(tree: Path, *arguments, log=None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("FP4_DYNAMO_SHIM", "MUTANT_UNDER_TEST")}
     environment.setdefault("OMP_NUM_THREADS", "1")  # two cores, shared: one thread per mutant
     environment["PYTHONDONTWRITEBYTECODE"] = "1"
-    if log is None:
-        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
-                              capture_output=True, text=True)
-    with open(log, "w") as out:
-        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment,
-                              stdout=out, stderr=subprocess.STDOUT, text=True)
+    with open(log or os.devnull, "w") as out:
+        return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment, text=True,
+                              **({"stdout": out, "stderr": subprocess.STDOUT} if log else {"capture_output": True}))
 
 
 def results(tree: Path) -> dict:
     """name -> status of every mutant mutmut has a result for (``mutmut results --all true``)."""
     completed = mutmut(tree, "results", "--all", "true")
-    outcome = {}
-    for line in completed.stdout.splitlines():
-        match = re.fullmatch(r"\s*(\S+): (.+)", line)
-        if match:
-            outcome[match.group(1)] = match.group(2).strip()
-    return outcome
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"(?m)^\s*(\S+): (.+)$", completed.stdout)}
 
 
-def diff_of(tree: Path, name: str) -> str:
-    shown = mutmut(tree, "show", name).stdout
-    return "\n".join(line for line in shown.splitlines()[1:] if line.startswith(("+", "-"))
-                     and not line.startswith(("+++", "---")))
-
-
-def run_group(group: Group, names, scratch: Path, children: int, stats_from=None) -> tuple:
+def run_group(group: Group, names, scratch: Path) -> tuple:
     """(name -> status, name -> diff of each mutant not killed, seconds, mutmut's log tail) for one group."""
     started = time.perf_counter()
-    tree = scratch / group.slug
-    if not (tree / "pyproject.toml").exists():
-        copy_project(tree)
-        configure_tree(tree, group)
-    if stats_from is not None and stats_from.exists():
-        (tree / "mutants").mkdir(exist_ok=True)
-        shutil.copy(stats_from, tree / "mutants" / "mutmut-stats.json")
-    log = scratch / f"{tree.name}.log"
-    patterns = [p for patterns in group.modules.values() for p in patterns]
-    children = min(children, group.most_children)
-    run = mutmut(tree, "run", "--max-children", str(children), *(names or patterns), log=log)
-    outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
-    if names is not None:
-        outcome = {n: s for n, s in outcome.items() if any(fnmatch.fnmatchcase(n, p) for p in names)}
-    diffs = {n: diff_of(tree, n) for n, s in outcome.items() if s not in KILLED}
-    tail = log.read_text()[-3000:]
-    if run.returncode != 0:
-        outcome = {}
-    stats = tree / "mutants" / "mutmut-stats.json"
+    tree = copy_project(scratch / group.slug)
+    configure_tree(tree, group)
+    stats = STATS / f"{group.slug}.json"
     if stats.exists():
-        shutil.copy(stats, scratch / f"{tree.name}.stats.json")
-    return outcome, diffs, time.perf_counter() - started, tail
+        (tree / "mutants").mkdir(exist_ok=True)
+        shutil.copy(stats, tree / "mutants" / "mutmut-stats.json")
+    log = scratch / f"{group.slug}.log"
+    patterns = [p for patterns in group.modules.values() for p in patterns]
+    run = mutmut(tree, "run", "--max-children", str(group.most_children), *(names or patterns), log=log)
+    outcome = {n: s for n, s in results(tree).items() if any(fnmatch.fnmatchcase(n, p) for p in names or patterns)}
+    diffs = {n: mutmut(tree, "show", n).stdout for n, s in outcome.items() if s not in KILLED}
+    if (tree / "mutants" / "mutmut-stats.json").exists() and names is None:
+        STATS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tree / "mutants" / "mutmut-stats.json", stats)
+    return ({} if run.returncode else outcome), diffs, time.perf_counter() - started, log.read_text()[-3000:]
 
 
 def commit() -> str:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = lambda *paths: subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *paths],
-                                              cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        # the mutants come from src/ alone: a tree whose src/ is the commit's can be compared with it later
-        return head + (" (with uncommitted changes to src)" if dirty("src") else
-                       " (with uncommitted changes outside src)" if dirty() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The commit a run copies, as its rows in scores.md name it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                           text=True).stdout.strip()
+    return (head.stdout.strip() or "unknown") + (" (with uncommitted changes)" if dirty else "")
 
 
-def scores_of(outcome: dict, listed: dict, modules) -> dict:
-    scores = {}
-    for module in modules:
-        names = [n for n in outcome if module_of(n) == module]
-        killed = sum(outcome[n] in KILLED for n in names)
-        kinds = {kind: sum(n in listed and listed[n][0] == kind and outcome[n] not in KILLED for n in names)
-                 for kind in KINDS}
-        scored = len(names) - kinds["equivalent"]
-        scores[module] = {"mutants": len(names), "killed": killed, **kinds,
-                          "score": round(killed / scored, 4) if scored else None}
-    return scores
+def score_row(module: str, statuses: dict, listed: dict) -> dict:
+    """A module's counts: its mutants, those killed, its listed survivors by kind, and the two scores (of the
+    mutants not equivalent: killed here, and killed here or on the GPU)."""
+    names = [n for n in statuses if module_of(n) == module]
+    survivors = [n for n in names if statuses[n] not in KILLED]
+    kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
+    scored, killed = len(names) - kinds["equivalent"], len(names) - len(survivors)
+    percent = lambda count: f"{100 * count / scored:.1f} %" if scored else "-"
+    return {"mutants": len(names), "killed": killed, **kinds, "not listed": len(survivors) - sum(kinds.values()),
+            "score": percent(killed), "with the GPU's kills": percent(killed + kinds["gpu-killed"])}
 
 
-def print_scores(scores: dict) -> None:
-    print(f"{'module':24} {'mutants':>8} {'killed':>7} {'equiv.':>7} {'gpu-only':>8} {'open':>5} {'score':>7}")
-    rows = list(scores.items())
-    total = {key: sum(s[key] for s in scores.values()) for key in ("mutants", "killed", *KINDS)}
-    scored = total["mutants"] - total["equivalent"]
-    rows.append(("all", {**total, "score": total["killed"] / scored if scored else None}))
-    for module, s in rows:
-        score = f"{100 * s['score']:.1f}%" if s["score"] is not None else "-"
-        print(f"{module:24} {s['mutants']:8} {s['killed']:7} {s['equivalent']:7} {s['gpu-only']:8} {s['open']:5} "
-              f"{score:>7}")
+SCORE_COLUMNS = ("module", "group", "run", "survivors rerun", "mutants", "killed", *KINDS, "not listed", "score",
+                 "with the GPU's kills")
 
 
-def save(outcome: dict, diffs: dict, seconds: dict, groups, listed: dict, children: int, copied_at: str) -> None:
-    """Merge this run's groups into mutmut_results.json (each group keeps the date and the commit its copy was
-    taken at)."""
-    record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    mutants, not_killed, runs = record.get("mutants", {}), record.get("not_killed", {}), record.get("groups", {})
-    for group in groups:
-        if group.name not in seconds:
-            continue
-        mutants = {n: s for n, s in mutants.items() if module_of(n) not in group.modules}
-        not_killed = {n: d for n, d in not_killed.items() if module_of(n) not in group.modules}
-        runs[group.name] = {"date": datetime.date.today().isoformat(), "commit": copied_at,
-                            "seconds": round(seconds[group.name]), "max_children": min(children, group.most_children),
-                            "mutants": sum(module_of(n) in group.modules for n in outcome)}
-    mutants.update(outcome)
-    not_killed.update({n: diffs.get(n, "") for n, s in outcome.items() if s not in KILLED})
-    all_modules = [m for g in GROUPS for m in g.modules]
-    record = {"command": "python tools/mutation/run_mutmut.py --save", "groups": runs,
-              "scores": scores_of(mutants, listed, all_modules), "mutants": dict(sorted(mutants.items())),
-              "not_killed": dict(sorted(not_killed.items()))}
-    RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)}")
+def read_scores(path: Path = SCORES) -> dict:
+    """module -> row (column -> text) of scores.md's table."""
+    rows = [line.strip().strip("|").split("|") for line in path.read_text().splitlines() if line.startswith("| ")]
+    return {cells[0].strip(): dict(zip(SCORE_COLUMNS, (c.strip() for c in cells))) for cells in rows[1:]}
 
 
-def table(listed: dict) -> str:
-    """docs/testing.md's table: per module, the committed results counted against today's survivors.txt (a
-    survivor triaged after its run counts by its kind; "not listed" ones are not triaged yet)."""
-    record = json.loads(RESULTS.read_text())
-    kills = gpu_kills()
-    lines = ["| group (commit, date, seconds) | module | mutants | killed | equivalent | gpu-only (killed on the GPU) "
-             "| open | not listed | score | with the GPU's kills |", "|---|---|---|---|---|---|---|---|---|---|"]
+def write_scores(record: dict, listed: dict, path: Path = SCORES) -> None:
+    """Rewrite the rows of the groups ``record`` holds (the groups run in this checkout); keep the others."""
+    rows = read_scores(path) if path.exists() else {}
     for group in GROUPS:
         run = record["groups"].get(group.name)
-        for module in group.modules:
-            names = [n for n in record["mutants"] if module_of(n) == module]
-            if run is None or not names:
-                lines.append(f"| {group.name} (not run) | {module} | | | | | | | | |")
-                continue
-            survivors = [n for n in names if record["mutants"][n] not in KILLED]
-            kinds = {kind: sum(listed.get(n, ("",))[0] == kind for n in survivors) for kind in KINDS}
-            on_gpu = sum(listed.get(n, ("",))[0] == "gpu-only"
-                         and (gpu_record(n, listed, kills) or {}).get("result") == "caught" for n in survivors)
-            scored = len(names) - kinds["equivalent"]
-            killed = len(names) - len(survivors)
+        for module in group.modules if run else ():
             reruns = [r for r in run.get("survivors_reruns", []) if module in r["modules"]]
-            when = f"{run['commit'].split()[0]}, {run['date']}, {run['seconds']} s" + "".join(
-                f"; survivors rerun {r['commit'].split()[0]}, {r['date']}, {r['seconds']} s" for r in reruns)
-            lines.append(f"| {group.name} ({when}) | {module} "
-                         f"| {len(names)} | {killed} | {kinds['equivalent']} | {kinds['gpu-only']} ({on_gpu}) | {kinds['open']} "
-                         f"| {len(survivors) - sum(kinds.values())} | {100 * killed / scored:.1f} % "
-                         f"| {100 * (killed + on_gpu) / scored:.1f} % |")
-    return "\n".join(lines)
+            when = lambda r: f"{r['commit'].split()[0]}, {r['date']}, {r['seconds']} s"
+            row = {"module": module, "group": group.name, "run": when(run),
+                   "survivors rerun": when(reruns[-1]) if reruns else "", **score_row(module, record["mutants"], listed)}
+            rows[module] = {column: str(row[column]) for column in SCORE_COLUMNS}
+    order = [m for g in GROUPS for m in g.modules]
+    lines = ["# mutmut's score per module", "",
+             "Written by `python tools/mutation/run_mutmut.py --save`. The score counts the mutants killed among "
+             "those not listed as equivalent in survivors.txt; the last column also counts the gpu-only ones that "
+             "the tests under tests/gpu killed on the GPU machine (gpu-killed).", "",
+             "| " + " | ".join(SCORE_COLUMNS) + " |", "|" + "---|" * len(SCORE_COLUMNS)]
+    lines += ["| " + " | ".join(rows[m][c] for c in SCORE_COLUMNS) + " |" for m in order if m in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def write_killed_sample(record: dict, path: Path = KILLED_SAMPLE) -> None:
+    """Per group run, SAMPLE_PER_GROUP of the mutants it killed (drawn with a fixed seed); other groups' kept."""
+    kept = [n for n in (read_killed_sample(path) if path.exists() else [])
+            if group_of_module(module_of(n)).name not in record["groups"]]
+    drawn = []
+    for group in GROUPS:
+        if group.name in record["groups"]:
+            killed = sorted(n for n, s in record["mutants"].items() if module_of(n) in group.modules and s in KILLED)
+            drawn += random.Random(17).sample(killed, min(SAMPLE_PER_GROUP, len(killed)))
+    path.write_text("# Mutants that the last full run of their group killed (run_mutmut.py --save draws them); CI "
+                    "samples these\n# and fails when one of them survives.\n" + "\n".join(sorted(kept + drawn)) + "\n")
 
 
 def code_only(text: str) -> str:
@@ -475,49 +263,43 @@ def code_only(text: str) -> str:
     return ast.dump(tree)
 
 
+def code_of(group: Group) -> dict:
+    """path -> a digest of the ``code_only`` of each of the group's files."""
+    return {path: hashlib.sha256(code_only((ROOT / path).read_text()).encode()).hexdigest()[:16]
+            for path in group_files(group)}
+
+
 def why_not_the_same_mutants(group: Group, run: dict):
-    """None when the group's files have the code of its committed run's commit (a survivors-only rerun is valid
-    only over the same mutants, so over the same code; docstrings and comments may differ); else why not."""
-    if "uncommitted" in run["commit"] and "outside src" not in run["commit"]:
-        return f"its run at {run['commit']} copied a tree with uncommitted changes, which cannot be compared"
-    at = run["commit"].split()[0]
-    changed = subprocess.run(["git", "diff", "--name-only", at, "--", *group_files(group)], cwd=ROOT,
-                             capture_output=True, text=True)
-    if changed.returncode != 0:
-        return f"git cannot compare with {run['commit']}: {changed.stderr.strip()}"
-    differ = []
-    for path in changed.stdout.split():
-        then = subprocess.run(["git", "show", f"{at}:{path}"], cwd=ROOT, capture_output=True, text=True)
-        now = ROOT / path
-        if then.returncode != 0 or not now.exists() or code_only(then.stdout) != code_only(now.read_text()):
-            differ.append(path)
-    if differ:
-        return f"the code of {', '.join(differ)} changed since its run at {run['commit']}"
-    return None
+    """None when the group's files have the code of its recorded run (a survivors-only rerun is valid only over
+    the same mutants; docstrings and comments may differ); else why not."""
+    changed = [path for path, digest in code_of(group).items() if run.get("code", {}).get(path) != digest]
+    return f"the code of {', '.join(changed)} changed since its run at {run['commit']}" if changed else None
 
 
-def merge_survivors(outcome: dict, diffs: dict, seconds: dict, listed: dict, copied_at: str) -> None:
-    """Write a survivors-only rerun into mutmut_results.json: each rerun mutant's status replaces the committed
-    one (tests were only added, so a mutant killed then is killed now and is not rerun), and the group's run
-    records the rerun beside the full run it completes."""
-    record = json.loads(RESULTS.read_text())
-    for name, status in outcome.items():
-        record["mutants"][name] = status
-        if status in KILLED:
-            record["not_killed"].pop(name, None)
-        else:
-            record["not_killed"][name] = diffs.get(name, record["not_killed"].get(name, ""))
+def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copied_at: str, code: dict) -> None:
+    """Merge this run into .mutation/results.json (a full run replaces its groups' mutants; a survivors-only run
+    replaces the statuses of the mutants it reran, and is recorded beside the full run it completes), then
+    rewrite scores.md and, after a full run, killed_sample.txt."""
+    record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"groups": {}, "mutants": {}}
+    today = datetime.date.today().isoformat()
     for group in GROUPS:
-        if group.name in seconds:
-            rerun = [n for n in outcome if module_of(n) in group.modules]
-            record["groups"][group.name].setdefault("survivors_reruns", []).append({
-                "date": datetime.date.today().isoformat(), "commit": copied_at,
-                "seconds": round(seconds[group.name]), "mutants": len(rerun),
-                "modules": sorted({module_of(n) for n in rerun})})
-    all_modules = [m for g in GROUPS for m in g.modules]
-    record["scores"] = scores_of(record["mutants"], listed, all_modules)
+        if group.name not in seconds:
+            continue
+        ran = {"date": today, "commit": copied_at, "code": code[group.name], "seconds": round(seconds[group.name]),
+               "mutants": sum(module_of(n) in group.modules for n in outcome)}
+        if survivors_only:
+            ran["modules"] = sorted({module_of(n) for n in outcome if module_of(n) in group.modules})
+            record["groups"][group.name].setdefault("survivors_reruns", []).append(ran)
+        else:
+            record["groups"][group.name] = ran
+            record["mutants"] = {n: s for n, s in record["mutants"].items() if module_of(n) not in group.modules}
+    record["mutants"].update(outcome)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(f"wrote {RESULTS.relative_to(ROOT)} (survivors rerun)")
+    write_scores(record, listed)
+    if not survivors_only:
+        write_killed_sample({**record, "groups": {g: r for g, r in record["groups"].items() if g in seconds}})
+    print(f"wrote {RESULTS.relative_to(ROOT)}, {SCORES.name}" + ("" if survivors_only else f", {KILLED_SAMPLE.name}"))
 
 
 def main() -> int:
@@ -525,41 +307,23 @@ def main() -> int:
     all_modules = [m for g in GROUPS for m in g.modules]
     parser.add_argument("--module", action="append", choices=all_modules,
                         help="the groups holding these modules (default: every group)")
-    parser.add_argument("--mutant", action="append", help="only these mutants (names or globs); not saved")
-    parser.add_argument("--sample", type=int, help="this many mutants of the committed results, fixed seed (CI)")
+    parser.add_argument("--sample", type=int, help=f"this many mutants of {KILLED_SAMPLE.name}, drawn by --seed (CI)")
     parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
     parser.add_argument("--sample-groups", type=int, default=None, metavar="K",
-                        help="draw the sample from K groups chosen by the seed (each group costs about 40 s of "
-                             "set-up, whatever its share of the sample)")
+                        help="draw the sample from K groups chosen by the seed (each group costs its mutmut set-up "
+                             "and statistics run, whatever its share of the sample)")
     parser.add_argument("--survivors", action="store_true",
-                        help="only the mutants each group's committed run left standing (of the --module ones "
-                             "when named), with today's tests; with --save, merged into that run (refused when "
-                             "the group's code changed since it)")
-    parser.add_argument("--max-children", type=int, default=2, help="mutants run at once (default 2)")
-    parser.add_argument("--save", action="store_true",
-                        help=f"merge the groups run into {RESULTS.name} and write their {STATS.name}/")
-    parser.add_argument("--keep", type=Path, help="run in (and keep) this directory instead of a temporary one")
-    parser.add_argument("--table", action="store_true",
-                        help=f"print docs/testing.md's per-module table from {RESULTS.name} and {SURVIVORS.name}; run nothing")
+                        help=f"only the mutants the last run recorded in {RESULTS.parent.name}/ left standing (of "
+                             "the --module ones when named), with today's tests; refused when the group's code "
+                             "changed since that run")
+    parser.add_argument("--save", action="store_true", help=f"record the run and rewrite {SCORES.name}")
     options = parser.parse_args()
     listed = read_survivors()
-    contradicted = contradicted_gpu_claims(listed, gpu_kills())
-    if contradicted:
-        raise SystemExit(f"{SURVIVORS.name} contradicts {GPU_KILLS.name} (the GPU run) for {len(contradicted)} "
-                         f"mutant(s): {', '.join(contradicted[:5])}")
-    if options.table:
-        print(table(listed))
-        return 0
     groups = [g for g in GROUPS if not options.module or set(g.modules) & set(options.module)]
-    if options.mutant:
-        groups = [g for g in groups if any(fnmatch.fnmatchcase(p, m) or fnmatch.fnmatchcase(m, p) for m in options.mutant
-                                           for patterns in g.modules.values() for p in patterns)]
     modules = [m for g in groups for m in g.modules]
     names_by_group = {g.name: None for g in groups}
     if options.sample:
-        committed = json.loads(RESULTS.read_text())["mutants"]
-        # only what the committed run killed: CI's question is whether one of those now survives
-        population = sorted(n for n, status in committed.items() if module_of(n) in modules and status in KILLED)
+        population = [n for n in read_killed_sample() if module_of(n) in modules]
         if options.sample_groups:
             present = sorted({group_of_module(module_of(n)).name for n in population})
             chosen = set(random.Random(options.seed).sample(present, min(options.sample_groups, len(present))))
@@ -567,15 +331,13 @@ def main() -> int:
             print(f"sample from {', '.join(sorted(chosen))} (seed {options.seed})", flush=True)
         selected = sorted(random.Random(options.seed).sample(population, min(options.sample, len(population))))
         names_by_group = {g.name: [n for n in selected if module_of(n) in g.modules] for g in groups}
-    elif options.mutant:
-        names_by_group = {g.name: options.mutant for g in groups}
     elif options.survivors:
+        if not RESULTS.exists():
+            raise SystemExit(f"no {RESULTS.relative_to(ROOT)}: run the groups whole with --save first")
         record = json.loads(RESULTS.read_text())
         for group in groups:
             run = record["groups"].get(group.name)
-            if run is None:
-                raise SystemExit(f"[{group.name}] has no committed run to complete: run it whole")
-            why = why_not_the_same_mutants(group, run)
+            why = why_not_the_same_mutants(group, run) if run else "it has no recorded run to complete"
             if why:
                 raise SystemExit(f"[{group.name}] {why}: its mutants may not be the same ones, run the group whole")
         wanted = set(options.module or modules)  # the named modules' survivors, not their whole groups'
@@ -583,69 +345,51 @@ def main() -> int:
                                          if module_of(n) in g.modules and module_of(n) in wanted
                                          and status not in KILLED) for g in groups}
     names_by_group = {k: v for k, v in names_by_group.items() if v is None or v}
-    partial = bool(options.sample or options.mutant or options.survivors)
-    copied_at = commit()  # the tree each group copies is this one, whatever is committed while it runs
+    copied_at, code = commit(), {g.name: code_of(g) for g in groups}  # what each group copies, whatever changes later
     started = time.perf_counter()
-    scratch = options.keep or Path(tempfile.mkdtemp(prefix="fp4-mutmut-"))
-    scratch.mkdir(parents=True, exist_ok=True)
     outcome, diffs, seconds, problems = {}, {}, {}, []
-    try:
-        for group in groups:
-            if group.name not in names_by_group:
-                continue
+    with tempfile.TemporaryDirectory(prefix="fp4-mutmut-") as scratch:
+        for group in [g for g in groups if g.name in names_by_group]:
             names = names_by_group[group.name]
-            stats_from = STATS / f"{group.slug}.json" if options.sample else None
             print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
                   flush=True)
-            got, got_diffs, took, tail = run_group(group, names, scratch, options.max_children, stats_from)
+            got, got_diffs, took, tail = run_group(group, names, Path(scratch))
             print(f"[{group.name}] {len(got)} results in {took:.0f} s", flush=True)
             if not got:
                 print(tail)
                 problems.append(f"{group.name}: mutmut produced no results")
                 continue
-            if options.sample:
-                missing = sorted(set(names) - set(got))
-                if missing:
-                    problems.append(f"{group.name}: {len(missing)} sampled mutant(s) no longer exist "
-                                    f"({', '.join(missing[:5])}...): the committed full run is stale, run it again")
+            missing = sorted(set(names or ()) - set(got)) if options.sample else []
+            if missing:
+                problems.append(f"{group.name}: {len(missing)} sampled mutant(s) no longer exist ({', '.join(missing[:5])}"
+                                f"...): run the group with --save to draw {KILLED_SAMPLE.name} anew")
             seconds[group.name] = took
             outcome.update(got)
             diffs.update(got_diffs)
-            if options.save and not partial and (scratch / f"{group.slug}.stats.json").exists():
-                STATS.mkdir(exist_ok=True)
-                stats = json.loads((scratch / f"{group.slug}.stats.json").read_text())
-                (STATS / f"{group.slug}.json").write_text(json.dumps(stats, indent=0, sort_keys=True) + "\n")
-    finally:
-        if not options.keep:
-            shutil.rmtree(scratch, ignore_errors=True)
 
-    committed = json.loads(RESULTS.read_text())["mutants"] if options.sample else {}
     for name, status in sorted(outcome.items()):
-        if options.sample and name not in listed:
-            # CI's question: has a mutant the committed run killed started to survive? A committed survivor
-            # that still survives is the full run's triage, not a regression.
-            if committed.get(name) in KILLED and status not in KILLED:
-                problems.append(f"{name}: killed in {RESULTS.name} but now {status} (a test stopped protecting "
-                                f"this)\n{diffs.get(name, '')}")
-            continue
         if status in KILLED:
             if name in listed:
                 problems.append(f"{name}: listed in {SURVIVORS.name} but now {status}; take it off the list")
+        elif options.sample:
+            problems.append(f"{name}: killed by its group's last full run but now {status} (a test stopped "
+                            f"protecting this)\n{diffs.get(name, '')}")
         elif name not in listed:
             problems.append(f"{name}: {status}, not listed in {SURVIVORS.name} (kill it with a test, or list it "
                             f"with its kind and reason)\n{diffs.get(name, '')}")
-    if not partial:
-        for name in listed:
-            if module_of(name) in modules and name not in outcome and group_of_module(module_of(name)).name in seconds:
-                problems.append(f"{name}: listed in {SURVIVORS.name} but no such mutant exists any more")
-    print_scores(scores_of(outcome, listed, modules))
-    print(f"({time.perf_counter() - started:.0f} s)")
+    if not (options.sample or options.survivors):
+        problems += [f"{name}: listed in {SURVIVORS.name} but no such mutant exists any more" for name in listed
+                     if module_of(name) in modules and name not in outcome
+                     and group_of_module(module_of(name)).name in seconds]
+    for module, row in ((m, score_row(m, outcome, listed)) for m in modules):
+        if row["mutants"]:
+            print(f"{module:24} " + ", ".join(f"{row[c]} {c}" for c in SCORE_COLUMNS[4:]))
+    print(f"all {sum(s in KILLED for s in outcome.values())} of {len(outcome)} killed "
+          f"({time.perf_counter() - started:.0f} s)")
     for problem in problems:
         print("PROBLEM", problem)
-    if options.save and options.survivors and seconds:
-        merge_survivors(outcome, diffs, seconds, listed, copied_at)
-    elif options.save and not partial and seconds:  # only groups that produced results are merged
-        save(outcome, diffs, seconds, groups, listed, options.max_children, copied_at)
+    if options.save and seconds and not options.sample:
+        save(outcome, seconds, options.survivors, listed, copied_at, code)
     return 1 if problems else 0
 
 
