@@ -107,15 +107,15 @@ GPU_ROUTES = [
     (REFUSES, (None, "reference"), REFERENCE),
     (OWN_ERROR, (None, "reference"), REFERENCE),
     # Below SM100 by default: the quantizers refuse; mm_fp4 raises FlashInfer's own error; the rest run.
-    (REFUSES, (MODULE_1, "refuse"), REFUSED),
-    (OWN_ERROR, (MODULE_1, "refuse"), MODULE_1),
-    (RUNS, (MODULE_1, "refuse"), MODULE_1),
-    (REFUSES, (None, "refuse"), REFUSED),
+    (REFUSES, (MODULE_1, "error"), REFUSED),
+    (OWN_ERROR, (MODULE_1, "error"), MODULE_1),
+    (RUNS, (MODULE_1, "error"), MODULE_1),
+    (REFUSES, (None, "error"), REFUSED),
     # No FP4 module for this GPU (FlashInfer has none for its SM, or apply() never saw it): the shim says so,
     # but mm_fp4, which calls FlashInfer's public mm_fp4 and needs no module.
-    (RUNS, (None, "refuse"), NO_MODULE),
+    (RUNS, (None, "error"), NO_MODULE),
     (RUNS, (None, "reference"), NO_MODULE),
-    (OWN_ERROR, (None, "refuse"), None),
+    (OWN_ERROR, (None, "error"), None),
     (REFUSES, None, NO_MODULE),
     (RUNS, None, NO_MODULE),
     (OWN_ERROR, None, None),
@@ -158,7 +158,7 @@ def test_a_gpu_call_goes_where_the_devices_mode_and_the_ops_column_say(op_name, 
 @pytest.mark.parametrize("op_name", [op.name for op in family_ops.OPS if not op.host])
 def test_a_cpu_call_runs_the_reference_whatever_the_gpus_loaded(op_name):
     cpu = torch.zeros(2, dtype=U8)
-    outputs, calls, arguments = kernel_call(op_name, cpu, {0: (MODULE_0, "kernel"), 1: (None, "refuse")})
+    outputs, calls, arguments = kernel_call(op_name, cpu, {0: (MODULE_0, "kernel"), 1: (None, "error")})
     assert outputs == "the reference's outputs"
     assert calls == [("reference", arguments)]
 
@@ -166,10 +166,10 @@ def test_a_cpu_call_runs_the_reference_whatever_the_gpus_loaded(op_name):
 # Host ops: FlashInfer runs them on the host through the first loaded module, whatever the inputs' device.
 HOST_ROUTES = [
     ({}, None),
-    ({0: (None, "refuse")}, None),
+    ({0: (None, "error")}, None),
     ({0: (MODULE_0, "kernel")}, MODULE_0),
     ({0: (MODULE_0, "reference"), 1: (MODULE_1, "kernel")}, MODULE_0),
-    ({0: (None, "refuse"), 1: (MODULE_1, "reference")}, MODULE_1),  # a module, in any mode: host code runs anywhere
+    ({0: (None, "error"), 1: (MODULE_1, "reference")}, MODULE_1),  # a module, in any mode: host code runs anywhere
 ]
 
 
@@ -186,9 +186,9 @@ def test_a_host_op_runs_flashinfers_host_code_through_the_first_loaded_module_el
 
 
 def test_the_first_loaded_namespace_skips_gpus_without_a_module():
-    with devices.overridden(family_modules={0: (None, "refuse"), 1: (MODULE_1, "kernel"), 2: (MODULE_0, "kernel")}):
+    with devices.overridden(family_modules={0: (None, "error"), 1: (MODULE_1, "kernel"), 2: (MODULE_0, "kernel")}):
         assert family_ops._first_loaded_namespace() is MODULE_1
-    with devices.overridden(family_modules={0: (None, "refuse")}):
+    with devices.overridden(family_modules={0: (None, "error")}):
         assert family_ops._first_loaded_namespace() is None
 
 

@@ -57,9 +57,9 @@ LAUNCH_WARNING = (
 #: Each GPU's mode per fallback: SM100 always runs the kernel; "error" refuses below SM100; "launch" launches
 #: the empty kernel where a module exists and refuses where FlashInfer has none (SM80).
 MODES = {
-    "error": ("kernel", "refuse", "refuse"),
+    "error": ("kernel", "error", "error"),
     "reference": ("kernel", "reference", "reference"),
-    "launch": ("kernel", "launch", "refuse"),
+    "launch": ("kernel", "launch", "error"),
 }
 
 
@@ -115,7 +115,8 @@ def load(flashinfer, fallback, caplog):
 @pytest.mark.parametrize("fallback", sorted(MODES))
 def test_each_gpu_is_recorded_with_its_capability_backend_pdl_and_the_mode_its_fallback_asks_for(
         three_gpus, fallback, caplog):
-    (_, devices, namespaces), elapsed, _ = load(three_gpus, fallback, caplog)
+    gpus, elapsed, _ = load(three_gpus, fallback, caplog)
+    devices = [gpu.device for gpu in gpus]
     seconds = [device.load_seconds for device in devices]
     kernel, sm90, sm80 = MODES[fallback]
     assert devices == [
@@ -127,27 +128,26 @@ def test_each_gpu_is_recorded_with_its_capability_backend_pdl_and_the_mode_its_f
     ]
     # status() reports how long each build took: a real duration, within load's own; none where nothing was built.
     assert all(isinstance(value, float) and 0 <= value <= elapsed for value in seconds[:2])
-    # devices.configure reads FlashInfer's namespace (for the family ops) and the mode per GPU from here.
-    assert namespaces == {0: (three_gpus.returned["100"], kernel), 1: (three_gpus.returned["90"], sm90),
-                          2: (None, sm80)}
+    # the family ops read FlashInfer's namespace and the mode per GPU from the record
+    assert [gpu.namespace for gpu in gpus] == [three_gpus.returned["100"], three_gpus.returned["90"], None]
 
 
 @pytest.mark.parametrize("fallback", sorted(MODES))
 def test_each_gpu_gets_the_launcher_of_its_mode(three_gpus, fallback, caplog):
     """The kernel launcher calls that GPU's own JIT module with the GPU's PDL default; the reference is the one
     handed in; a refusal raises NoFp4KernelError naming the GPU, the input's device and both SM numbers."""
-    (launchers, _, _), _, _ = load(three_gpus, fallback, caplog)
-    assert sorted(launchers) == [0, 1, 2]
+    gpus, _, _ = load(three_gpus, fallback, caplog)
+    assert [gpu.device.index for gpu in gpus] == [0, 1, 2]
     for index, mode in enumerate(MODES[fallback]):
-        launcher = launchers[index]
+        launcher = gpus[index].launch
         if mode in ("kernel", "launch"):
             module = three_gpus.modules["100" if index == 0 else "90"]
             launcher(*TENSORS, *{**SCALARS, "enable_pdl": None}.values())
             scalars = {**SCALARS, "enable_pdl": True}  # SM90 and SM100 both support PDL
             assert module.calls == [(*TENSORS, *(scalars[name] for name in quantize_op.active_target().kernel_args))]
-            assert launcher.direct == (module.fp4_quantize, True)
+            assert gpus[index].direct == (module.fp4_quantize, True)  # the direct path's entry and PDL default
         elif mode == "reference":
-            assert launcher is reference_launch
+            assert launcher is reference_launch and gpus[index].direct is None
         else:
             name, (major, minor) = GPUS[index]
             device = torch.device("cuda", index)
@@ -161,7 +161,8 @@ def test_load_logs_each_build_time_each_gpu_without_a_module_and_warns_once_for_
         three_gpus, fallback, caplog):
     """Users read these lines (the "fp4_dynamo_shim" logger tree) to see what apply() built and how long it took,
     and the warning is the only sign at apply time that launch-mode outputs are garbage."""
-    (_, devices, _), _, lines = load(three_gpus, fallback, caplog)
+    gpus, _, lines = load(three_gpus, fallback, caplog)
+    devices = [gpu.device for gpu in gpus]
     expected = [
         ("INFO", f"fp4_dynamo_shim: FP4 module for NVIDIA B200 (SM100) built/loaded in "
                  f"{devices[0].load_seconds:.2f} s"),
@@ -199,14 +200,12 @@ def test_a_jit_module_without_fp4_quantize_stops_the_load_naming_its_public_func
 def test_the_kernel_launcher_passes_the_release_argument_order_and_resolves_enable_pdl(target, default, given,
                                                                                        passed):
     """The launcher takes the op's launch scalars in the op's order and calls the kernel entry in the release's
-    order (older entries take fewer); enable_pdl=None means the GPU's default, an explicit value is passed on.
-    ``.direct`` is what the replacement's direct path calls: the entry itself and that default."""
+    order (older entries take fewer); enable_pdl=None means the GPU's default, an explicit value is passed on."""
     module = stand_in_gpu.RecordingModule()
     launch = kernels.make_kernel_launcher(module.fp4_quantize, target, default)
     launch(*TENSORS, *{**SCALARS, "enable_pdl": given}.values())
     scalars = {**SCALARS, "enable_pdl": passed}
     assert module.calls == [(*TENSORS, *(scalars[name] for name in target.kernel_args))]
-    assert launch.direct == (module.fp4_quantize, default)
 
 
 def test_the_oldest_and_newest_kernel_entries_take_their_scalars_in_these_orders():

@@ -66,7 +66,7 @@ def same(got, want) -> bool:
 # what load() gives each for the fallback named beside it). Only the records are stood in; the words are the
 # layer's own. On a real GPU, load() makes the record (tests/gpu checks its mode).
 B200 = kernels.LoadedDevice(0, "NVIDIA B200", (10, 0), "100", True, True, "kernel", 2.5)
-H200 = kernels.LoadedDevice(1, "NVIDIA H200", (9, 0), "90", False, True, "refuse", 1.25)  # FALLBACK=error
+H200 = kernels.LoadedDevice(1, "NVIDIA H200", (9, 0), "90", False, True, "error", 1.25)  # FALLBACK=error
 L40S = kernels.LoadedDevice(2, "NVIDIA L40S", (8, 9), "89", False, False, "reference", None)  # FALLBACK=reference
 H100 = kernels.LoadedDevice(3, "NVIDIA H100", (9, 0), "90", False, True, "launch", 1.5)  # FALLBACK=launch
 REFUSING = ("cuda:1 NVIDIA H200 SM90: no FP4 kernel below SM100, calls raise "
@@ -105,7 +105,7 @@ def test_describe_gives_status_every_key_of_the_layer():
             {"index": 0, "name": "NVIDIA B200", "capability": (10, 0), "backend": "100", "has_fp4_kernel": True,
              "enable_pdl": True, "mode": "kernel", "load_seconds": 2.5},
             {"index": 1, "name": "NVIDIA H200", "capability": (9, 0), "backend": "90", "has_fp4_kernel": False,
-             "enable_pdl": True, "mode": "refuse", "load_seconds": 1.25},
+             "enable_pdl": True, "mode": "error", "load_seconds": 1.25},
         ],
         "skipped": [REFUSING],
     }

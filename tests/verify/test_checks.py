@@ -34,7 +34,7 @@ def replaced_family():
 @pytest.fixture
 def device_mode(monkeypatch):
     """Stand-in for what a GPU reports (none here): "kernel" (SM100+), "launch" (the empty kernel of an SM90
-    GPU, FP4_DYNAMO_SHIM_FALLBACK=launch) or "refuse" (SM90, the default)."""
+    GPU, FP4_DYNAMO_SHIM_FALLBACK=launch) or "error" (SM90, the default)."""
     def use(mode):
         monkeypatch.setattr(checks, "_mode", lambda device: mode)
     return use
@@ -241,7 +241,7 @@ def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(mo
 # --- on a GPU without the FP4 kernel (stand-in: the device state) ---------------------------------------------
 
 def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_rest_skip(device_mode, kernel_stand_in):
-    device_mode("refuse")
+    device_mode("error")
     note = " (traced on fake tensors: no FP4 kernel runs on this GPU)"
     assert checks.check_trace_static("cpu") == \
         "fullgraph trace of flashinfer.fp4_quantize: 1 graph, 0 graph breaks (M=37)" + note
@@ -339,18 +339,18 @@ def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
     status = checks.lifecycle.status
 
     def with_two_gpus():
-        return {**status(), "devices": [{"index": 0, "mode": "refuse"}, {"index": 1, "mode": "kernel"}]}
+        return {**status(), "devices": [{"index": 0, "mode": "error"}, {"index": 1, "mode": "kernel"}]}
 
     monkeypatch.setattr(checks.lifecycle, "status", with_two_gpus)
     assert checks._mode("cpu") == "reference"
-    for current, mode in ((0, "refuse"), (1, "kernel"), (2, None)):
+    for current, mode in ((0, "error"), (1, "kernel"), (2, None)):
         monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
         assert checks._mode("cuda") == mode
     assert checks._launches("cuda") is False and checks._computes_values("cuda") is False  # device 2: nothing loaded
     monkeypatch.setattr(checks.lifecycle, "status", lambda: {**status(), "devices": None})
     assert checks._mode("cuda") is None
     for mode, launches, computes in (("kernel", True, True), ("reference", True, True), ("launch", True, False),
-                                     ("refuse", False, False), (None, False, False)):
+                                     ("error", False, False), (None, False, False)):
         monkeypatch.setattr(checks, "_mode", lambda device: mode)
         assert (checks._launches("cuda"), checks._computes_values("cuda")) == (launches, computes), mode
 
@@ -562,7 +562,7 @@ DRIVEN = {"installed": "0.5.9", "compile_path_check": True, "note": ""}
 
 
 def test_the_cuda_graph_check_skips_a_gpu_without_an_fp4_kernel_before_touching_it(device_mode):
-    device_mode("refuse")
+    device_mode("error")
     with pytest.raises(checks.Skip) as skipped:
         checks.check_cuda_graph("cuda")
     assert str(skipped.value) == NO_KERNEL
@@ -585,7 +585,7 @@ def sglang_outcome(monkeypatch, device_mode):
 
 
 def test_sglangs_compile_path_check_skips_a_gpu_without_an_fp4_kernel(sglang_outcome):
-    handed = sglang_outcome({}, mode="refuse")
+    handed = sglang_outcome({}, mode="error")
     with pytest.raises(checks.Skip) as skipped:
         sglang_checks.check_sglang_compile_path("cuda")
     assert str(skipped.value) == NO_KERNEL and handed == []

@@ -33,7 +33,7 @@ LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "
 STATUS = {"applied": True, "cuda_version": {"value": "12.8", "source": "torch"}, "fallback": "error",
           "op": "fp4_dynamo_shim::fp4_quantize",
           "devices": [{"index": 0, "backend": "100", "mode": "kernel", "load_seconds": 1.25},
-                      {"index": 1, "backend": "90", "mode": "refuse", "load_seconds": None}],
+                      {"index": 1, "backend": "90", "mode": "error", "load_seconds": None}],
           "activated_by": "pth",
           "rebound": ["flashinfer.fp4_quantize", "flashinfer.quantization.fp4_quantize", "sglang.x._private",
                       "sglang.y.fp4_quantize"],
@@ -56,7 +56,7 @@ environment
   jit cache    /cache
 shim applied: CUDA version 12.8 (from torch), fallback=error, op fp4_dynamo_shim::fp4_quantize
   cuda:0 SM100: kernel, loaded in 1.2 s
-  cuda:1 SM90: refuse
+  cuda:1 SM90: error
   activated by pth; 4 names rebound (--verbose lists each module)
     flashinfer: 2 module(s): fp4_quantize
     sglang: 2 module(s): fp4_quantize

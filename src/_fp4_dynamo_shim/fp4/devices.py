@@ -34,13 +34,14 @@ class DeviceState:
 STATE = DeviceState()
 
 
-def configure(target: Optional[Target], launchers: dict, family_modules: dict, mm_fp4: Optional[Callable]) -> None:
-    """Everything at once, as apply() found it; the direct kernels are those of launchers that have one."""
+def configure(target: Optional[Target], gpus: list, cpu_launch: Callable, mm_fp4: Optional[Callable]) -> None:
+    """Everything at once, as apply() found it: the hot paths' lookups derived from one record per GPU
+    (``kernels.Gpu``), and ``cpu_launch`` for CPU tensors (``get_device()`` -1)."""
     replace(
         target=target,
-        launchers=dict(launchers),
-        direct_kernels={index: launch.direct for index, launch in launchers.items() if hasattr(launch, "direct")},
-        family_modules=dict(family_modules),
+        launchers={**{gpu.device.index: gpu.launch for gpu in gpus}, -1: cpu_launch},
+        direct_kernels={gpu.device.index: gpu.direct for gpu in gpus if gpu.direct is not None},
+        family_modules={gpu.device.index: (gpu.namespace, gpu.device.mode) for gpu in gpus},
         mm_fp4=mm_fp4,
     )
 

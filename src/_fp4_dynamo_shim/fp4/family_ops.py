@@ -343,7 +343,7 @@ def _make_kernel(op: FamilyOp) -> Callable:
         namespace, mode = _STATE.family_modules.get(device.index, (None, None))
         if op.without_fp4 != "runs" and mode == "reference":
             return op.reference(*arguments)
-        if op.without_fp4 == "refuse" and mode == "refuse":
+        if op.without_fp4 == "refuse" and mode == "error":
             raise NoFp4KernelError(
                 f"{op.name}: {device} has no FP4 kernel below SM100 (its outputs would be uninitialized memory); "
                 "set FP4_DYNAMO_SHIM_FALLBACK=reference to run the reference quantizer instead")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import torch
 
@@ -37,9 +37,25 @@ class LoadedDevice:
     backend: str
     has_fp4_kernel: bool
     enable_pdl: bool
-    #: "kernel", "reference", "refuse" or "launch" (the empty kernel, on request).
+    #: "kernel", "reference", "error" or "launch" (the empty kernel, on request): FP4_DYNAMO_SHIM_FALLBACK's
+    #: word where the GPU has no FP4 kernel, "kernel" where it has one.
     mode: str
     load_seconds: Optional[float] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """Everything ``load`` found for one GPU: what status() shows, and what the hot paths call
+    (``devices.configure`` derives their lookups from these records, in one place)."""
+
+    device: LoadedDevice
+    #: ``fp4_quantize``'s launcher: the kernel with the release's arguments, the reference, or a refusal.
+    launch: Callable
+    #: (FlashInfer's JIT entry, default ``enable_pdl``) where the launcher calls the kernel: the replacement's
+    #: direct path calls it with the same arguments, without the launcher's frame.
+    direct: Optional[tuple]
+    #: FlashInfer's FP4 module namespace (the family's kernels), or None where it has none for this GPU.
+    namespace: object
 
 
 def visible_device_count() -> int:
@@ -56,8 +72,16 @@ def jit_module_of(namespace) -> object:
     return cells["module"].cell_contents
 
 
+def kernel_call(target: Target, values: Optional[dict] = None) -> str:
+    """The JIT entry's call with the release's argument order (``target.kernel_args``), each scalar spelled as
+    ``values`` says (its own name by default): the one template both generated callers use."""
+    values = values or {}
+    return (f"kernel(input, global_scale, out_val, out_sf, "
+            f"{', '.join(values.get(name, name) for name in target.kernel_args)})")
+
+
 def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: bool) -> Callable:
-    """A launcher calling ``module.fp4_quantize`` with the release's argument order (``target.kernel_args``).
+    """A launcher calling ``module.fp4_quantize`` with the release's argument order.
 
     Generated from the table row rather than reordered per call: this sits on the eager hot path.
     """
@@ -65,13 +89,11 @@ def make_kernel_launcher(kernel: Callable, target: Target, enable_pdl_default: b
         f"def launch(input, global_scale, out_val, out_sf, {', '.join(LAUNCH_SCALARS)}):\n"
         "    if enable_pdl is None:\n"
         "        enable_pdl = enable_pdl_default\n"
-        f"    kernel(input, global_scale, out_val, out_sf, {', '.join(target.kernel_args)})\n"
+        f"    {kernel_call(target)}\n"
     )
     namespace = {"kernel": kernel, "enable_pdl_default": enable_pdl_default}
     oplib.run_source(source, f"<fp4_dynamo_shim launcher for flashinfer {target.versions}>", namespace)
-    launch = namespace["launch"]
-    launch.direct = (kernel, enable_pdl_default)  # what the replacement's direct path calls (wrapper.py)
-    return launch
+    return namespace["launch"]
 
 
 def make_refusal(device: LoadedDevice) -> Callable:
@@ -86,15 +108,14 @@ def make_refusal(device: LoadedDevice) -> Callable:
     return refuse
 
 
-def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, reference_launch: Callable):
-    """Load every visible GPU's module; returns ({index: fp4_quantize launcher}, [LoadedDevice],
-    {index: (FlashInfer's module namespace or None, mode)}).
+def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, reference_launch: Callable) -> List[Gpu]:
+    """Load every visible GPU's module; returns one :class:`Gpu` record per GPU.
 
     The module is built for every GPU FlashInfer has an FP4 module for, SM90 included (its interleave and
     host-side helpers work there), whatever happens to fp4_quantize on it. A build or load failure
     propagates, so that apply() can leave FlashInfer untouched.
     """
-    launchers, devices, namespaces = {}, [], {}
+    gpus = []
     for index in range(visible_device_count()):
         major, minor = torch.cuda.get_device_capability(index)
         backend = f"{major}{minor}"
@@ -106,28 +127,28 @@ def load(get_fp4_quantization_module: Callable, target: Target, fallback: str, r
             logger.info("fp4_dynamo_shim: no FlashInfer FP4 module for SM%s (%s)", backend, error)
             namespace = None
         seconds = time.perf_counter() - started if namespace is not None else None
-        mode = "kernel" if has_fp4_kernel else {"error": "refuse"}.get(fallback, fallback)
+        mode = "kernel" if has_fp4_kernel else fallback
         if mode == "launch" and namespace is None:
-            mode = "refuse"
+            mode = "error"
         device = LoadedDevice(index, torch.cuda.get_device_name(index), (major, minor), backend, has_fp4_kernel,
                               enable_pdl=major >= 9, mode=mode, load_seconds=seconds)
         if seconds is not None:
             logger.info("fp4_dynamo_shim: FP4 module for %s (SM%s) built/loaded in %.2f s", device.name, backend, seconds)
+        direct = None
         if mode in ("kernel", "launch"):
             kernel = getattr(jit_module_of(namespace), "fp4_quantize", None)
             if kernel is None:  # a JIT cache built from other sources, or a release that renamed the entry
                 raise RuntimeError(f"FlashInfer's FP4 JIT module for SM{backend} has no fp4_quantize entry "
                                    f"(its functions: {', '.join(n for n in dir(jit_module_of(namespace)) if not n.startswith('_'))})")
-            launchers[index] = make_kernel_launcher(kernel, target, device.enable_pdl)
+            launch, direct = make_kernel_launcher(kernel, target, device.enable_pdl), (kernel, device.enable_pdl)
             if mode == "launch":
                 switches.warn(
                     f"fp4_dynamo_shim: FP4_DYNAMO_SHIM_FALLBACK=launch: launching FlashInfer's FP4 kernel on SM{backend}, "
                     "where it writes nothing; outputs are uninitialized. Use this for benchmarks only."
                 )
         elif mode == "reference":
-            launchers[index] = reference_launch
+            launch = reference_launch
         else:
-            launchers[index] = make_refusal(device)
-        devices.append(device)
-        namespaces[index] = (namespace, mode)
-    return launchers, devices, namespaces
+            launch = make_refusal(device)
+        gpus.append(Gpu(device, launch, direct, namespace))
+    return gpus

@@ -60,7 +60,7 @@ class Fp4Layer:
         if not self.devices:
             skipped.append("JIT build/load: no GPU visible (CPU tensors use the reference quantizer)")
         for device in self.devices:
-            if device.mode == "refuse":
+            if device.mode == "error":
                 skipped.append(
                     f"cuda:{device.index} {device.name} SM{device.backend}: no FP4 kernel below SM100, calls raise "
                     "(FP4_DYNAMO_SHIM_FALLBACK=reference runs the reference quantizer there)"
@@ -85,11 +85,9 @@ def apply(version: str, target: releases.Target, module, fallback: str, left: Op
     family_replaced, family_report = family.build_replacements(version, module, replaced, recipe, left)
     layer = Fp4Layer(target, family=family_report, left=left)
     try:
-        launchers, layer.devices, namespaces = kernels.load(
-            module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference
-        )
-        devices.configure(target, {**launchers, -1: quantize_op.launch_reference}, namespaces,
-                          mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
+        gpus = kernels.load(module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference)
+        layer.devices = [gpu.device for gpu in gpus]
+        devices.configure(target, gpus, quantize_op.launch_reference, mm_fp4=family_replaced.get("mm_fp4", (None,))[0])
         layer.swaps.swap(*([(original, replaced)] if replaced is not None else []), *family_replaced.values())
         restore_op = flashinfer_op.repair(target, module, recipe) if replaced is not None else None
         if restore_op is not None:

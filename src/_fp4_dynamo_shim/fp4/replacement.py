@@ -28,6 +28,7 @@ from . import quantize_op as ops
 from .. import oplib
 from .devices import STATE as _STATE
 from ..errors import NotExpressibleError
+from .kernels import kernel_call
 from .releases import Target
 
 #: Parameters the core understands, in its positional order, with the value used when a release lacks one.
@@ -219,7 +220,7 @@ def _direct_path(target: Target, inversed: str) -> str:
         "    if direct:\n"
         "        out_val = input.new_empty((rows, columns // 2), dtype=_UINT8)\n"
         f"        out_sf = input.new_empty(((rows + 127) // 128 * 128, {sf_columns}), dtype=_UINT8)\n"
-        f"        kernel(input, global_scale, out_val, out_sf, {', '.join(values[name] for name in target.kernel_args)})\n"
+        f"        {kernel_call(target, values)}\n"
         "        return out_val, out_sf\n"
     )
 

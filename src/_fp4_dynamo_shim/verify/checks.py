@@ -47,7 +47,7 @@ def _computes_values(device: str) -> bool:
 
 
 def _launches(device: str) -> bool:
-    return _mode(device) not in (None, "refuse")
+    return _mode(device) not in (None, "error")
 
 
 class _TraceOnly:
