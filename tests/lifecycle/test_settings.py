@@ -125,3 +125,23 @@ def test_warn_says_each_message_once_and_returns_whether_it_did(monkeypatch):
     monkeypatch.setattr(switches, "say", lambda message, level="warning": said.append((message, level)))
     assert switches.warn("a") is True and switches.warn("a") is False and switches.warn("b") is True
     assert said == [("a", "warning"), ("b", "warning")]
+
+
+@pytest.mark.parametrize("raw", ["12.8junk", "12.8rc1", "12.8.post1", "12.8.0.1", "12.8 .1", "v12.8", "12.", ".8"])
+def test_a_value_that_only_begins_like_a_version_is_not_a_cuda_version(raw, applied_with):
+    """FlashInfer's JIT would be told a version nobody asked for (12.8rc1 is a pre-release of 12.8, below it):
+    a value is a version only as a whole, else it is not understood, said so, and the default is used."""
+    status = applied_with(CUDA_VERSION=raw)
+    assert status["applied"], status["problem"]
+    assert status["cuda_version"]["source"] != "environment", status["cuda_version"]
+    said = [line for line in status["warnings"] if switches.CUDA_VERSION in line]
+    assert len(said) == 1 and f"={raw!r} is not understood" in said[0]  # the words: tests/data/user_lines.json
+    with pytest.raises(ApplyError, match=f"{switches.CUDA_VERSION}={raw!r} is not understood"):
+        applied_with(CUDA_VERSION=raw, STRICT="1")
+
+
+@pytest.mark.parametrize("raw, told", [("12.8", "12.8"), (" 12.8.1 ", "12.8.1"), ("13.0", "13.0")])
+def test_a_whole_version_is_what_flashinfers_jit_is_told(raw, told, applied_with):
+    status = applied_with(CUDA_VERSION=raw)
+    assert (status["cuda_version"]["source"], status["cuda_version"]["value"], status["warnings"]) == (
+        "environment", told, [])
