@@ -4,7 +4,10 @@ stand-ins (for pieces that need a GPU) say so where they are used."""
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import os
+import site
+import sys
 
 import hypothesis
 import pytest
@@ -73,6 +76,33 @@ def unpatched():
     yield
     torch._dynamo.reset()
     fp4_dynamo_shim.apply()
+
+
+@pytest.fixture
+def sites(tmp_path, monkeypatch):
+    """Two empty site directories, this interpreter's only ones (no user site, no sitecustomize loaded, no SGLang
+    plugin entry point): start-up routes a test writes there are what ``status()["routes"]`` finds. A unique path
+    per test, so that a warning naming them is said again (warnings are said once per message)."""
+    directories = [tmp_path / "site-a", tmp_path / "site-b"]
+    for directory in directories:
+        directory.mkdir()
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(d) for d in directories])
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
+    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    return directories
+
+
+@pytest.fixture
+def without_the_export(monkeypatch):
+    """This process as if ``import fp4_dynamo_shim`` had exported nothing: ``revert()`` withdraws the export (and
+    the shim), and FP4_DYNAMO_SHIM is unset. Afterwards the export is made again, as the import made it."""
+    fp4_dynamo_shim.revert()
+    monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
+    yield
+    fp4_dynamo_shim.revert()
+    monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
+    fp4_dynamo_shim.lifecycle.export_for_children()  # monkeypatch then gives the variable its value back
 
 
 @pytest.fixture

@@ -31,25 +31,9 @@ NO_HOOK = ("import fp4_dynamo_shim exports FP4_DYNAMO_SHIM=1 for child processes
 
 
 @pytest.fixture
-def sites(tmp_path, monkeypatch):
-    """Two empty site directories, this interpreter's only ones (no user site); a unique path per test, so the
-    warn-once of one test's warning does not silence another's."""
-    directories = [tmp_path / "site-a", tmp_path / "site-b"]
-    for directory in directories:
-        directory.mkdir()
-    monkeypatch.setattr(site, "getsitepackages", lambda: [str(d) for d in directories])
-    monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
-    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
-    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
-    return directories
-
-
-@pytest.fixture
-def exporting(sites, monkeypatch, caplog):
-    """Call export_for_children() with the given variable value, after ``revert()`` took back this process's own
-    export; returns (what it said, the variable's value). The process's export is made again afterwards."""
-    fp4_dynamo_shim.revert()
-
+def exporting(sites, without_the_export, monkeypatch, caplog):
+    """Call export_for_children() with the given variable value, in a process that exported nothing yet; returns
+    (what it said, the variable's value)."""
     def export(value, plugin=None):
         if value is None:
             monkeypatch.delenv(switches.HOOK, raising=False)
@@ -63,10 +47,7 @@ def exporting(sites, monkeypatch, caplog):
             lifecycle.export_for_children()
         return [record.getMessage() for record in caplog.records], os.environ.get(switches.HOOK)
 
-    yield export
-    fp4_dynamo_shim.revert()
-    monkeypatch.delenv(switches.HOOK, raising=False)
-    lifecycle.export_for_children()  # as the import did; monkeypatch then gives the variable its value back
+    return export
 
 
 def install(directory, name, text="import fp4_dynamo_shim_hook\n"):
