@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import logging
 import os
 import site
 import sys
@@ -103,6 +104,29 @@ def without_the_export(monkeypatch):
     fp4_dynamo_shim.revert()
     monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
     fp4_dynamo_shim.lifecycle.export_for_children()  # monkeypatch then gives the variable its value back
+
+
+@pytest.fixture
+def said(monkeypatch, caplog):
+    """What the shim says from now on, as ``said()``: (level, line) for each line on the project's logger (where
+    its warnings and start-up lines go), in order. Every message counts as not yet said (the shim says each
+    warning once per process)."""
+    from _fp4_dynamo_shim import switches
+
+    monkeypatch.setattr(switches, "warned", set())
+    caplog.set_level(logging.INFO, logger="fp4_dynamo_shim")
+    caplog.clear()
+    return lambda: [(record.levelname, record.getMessage()) for record in caplog.records
+                    if record.name == "fp4_dynamo_shim"]
+
+
+@pytest.fixture
+def hook_not_installed(monkeypatch):
+    """The start-up hook as a fresh interpreter has it: not installed, no route recorded."""
+    from _fp4_dynamo_shim.entry import startup
+
+    monkeypatch.setattr(startup, "_installed", False)
+    monkeypatch.setattr(startup, "route", None)
 
 
 @pytest.fixture

@@ -119,12 +119,9 @@ def test_say_logs_to_the_projects_logger_when_logging_is_set_up_and_else_names_t
     assert capsys.readouterr().err == "fp4_dynamo_shim: three\nfp4_dynamo_shim: four\n"
 
 
-def test_warn_says_each_message_once_and_returns_whether_it_did(monkeypatch):
-    said = []
-    monkeypatch.setattr(switches, "warned", set())
-    monkeypatch.setattr(switches, "say", lambda message, level="warning": said.append((message, level)))
+def test_warn_says_each_message_once_and_returns_whether_it_did(said):
     assert switches.warn("a") is True and switches.warn("a") is False and switches.warn("b") is True
-    assert said == [("a", "warning"), ("b", "warning")]
+    assert said() == [("WARNING", "a"), ("WARNING", "b")]
 
 
 @pytest.mark.parametrize("raw", ["12.8junk", "12.8rc1", "12.8.post1", "12.8.0.1", "12.8 .1", "v12.8", "12.", ".8"])
