@@ -4,7 +4,7 @@ showed, fails on the fault it exists to see, and the ones that need a GPU say so
 verify's command line (a child process per call) is tested in test_activation.py and test_routes.py; here
 the checks are called directly, so that a broken check is seen by a test that reaches it (and by mutmut's
 trampolines, which do not follow child processes). Stand-in, because there is no GPU here: the device state
-a GPU would report (``checks._mode``: the FP4 kernel, the launch-only fallback, or a refusal), so the
+a GPU would report (its mode as verify reads it: the FP4 kernel, the launch-only fallback, or a refusal), so the
 branches verify takes on an SM90 GPU run on CPU tensors; everything else is the real check.
 """
 
@@ -61,13 +61,18 @@ def test_the_family_check_calls_every_replaced_function_and_names_them():
     assert checks.check_family("cpu") == f"{len(replaced)} functions called once on cpu: result: {', '.join(replaced)}"
 
 
-def test_the_family_check_builds_its_examples_for_the_device_it_checks(monkeypatch):
-    """On a GPU, examples built for another device (None keeps them on the CPU) would have the check call every
-    function with CPU tensors while its line says cuda; here the device handed to family_examples shows it."""
-    handed, build = [], checks.family_examples
-    monkeypatch.setattr(checks, "family_examples", lambda device: handed.append(device) or build(device))
-    checks.check_family("cpu")
-    assert handed == ["cpu"]
+def test_the_family_check_calls_each_function_on_the_device_it_checks(monkeypatch):
+    """On a GPU, examples built for another device would have the check call every function with CPU tensors
+    while its line says cuda; the meta device stands for the GPU here (every function's fake runs there)."""
+    seen, quantize = [], flashinfer.nvfp4_quantize
+
+    def recording(x, *args, **kwargs):
+        seen.append(x.device.type)
+        return quantize(x, *args, **kwargs)
+
+    monkeypatch.setattr(flashinfer, "nvfp4_quantize", recording)
+    assert checks.check_family("meta").startswith(f"{len(replaced_family())} functions called once on meta")
+    assert seen == ["meta"]
 
 
 def test_the_family_examples_move_the_gpu_functions_inputs_to_the_device_and_keep_the_host_functions():
@@ -281,7 +286,7 @@ def test_each_check_compiles_as_it_says_on_the_inputs_it_names(monkeypatch):
     check asked torch for: a check that stopped asking for fullgraph, or compared other rows, still passes on a
     working shim, so its requests are recorded here."""
     compiled, rows, opchecked = [], [], []
-    real_compile, real_inputs, real_opcheck = torch.compile, checks._inputs, torch.library.opcheck
+    real_compile, real_opcheck = torch.compile, torch.library.opcheck
 
     def named(backend):  # a backend object by its class, and a counter by what it wraps
         if isinstance(backend, str):
@@ -292,26 +297,28 @@ def test_each_check_compiles_as_it_says_on_the_inputs_it_names(monkeypatch):
     def recording_compile(function, **options):
         compiled.append((function.__name__, options.get("fullgraph", _UNSET), named(options.get("backend", _UNSET)),
                          options.get("dynamic", _UNSET)))
-        return real_compile(function, **options)
+        run = real_compile(function, **options)
 
-    def recording_inputs(count, device, *args, **kwargs):
-        rows.append((count, device))
-        return real_inputs(count, device, *args, **kwargs)
+        def call(x, *args):  # the rows, and the device, of each input the compiled function is called on
+            rows.append((x.shape[0], x.device.type))
+            return run(x, *args)
+
+        return call
 
     def recording_opcheck(op, arguments, **options):
+        rows.append((arguments[0].shape[0], arguments[0].device.type))
         opchecked.append((tuple(a for a in arguments if not isinstance(a, torch.Tensor)), options.get("test_utils", _UNSET)))
         return real_opcheck(op, arguments, **options)
 
     monkeypatch.setattr(torch, "compile", recording_compile)
-    monkeypatch.setattr(checks, "_inputs", recording_inputs)
     monkeypatch.setattr(torch.library, "opcheck", recording_opcheck)
     expected = {
         checks.check_trace_static: ([("_quantize", True, "eager", _UNSET)], [37]),
         checks.check_trace_dynamic: ([("_quantize", True, "CompileCounterWithBackend(eager)", None)], [2, 17, 300]),
         checks.check_opcheck: ([], [64]),
         checks.check_compiled_matches_eager: ([("_quantize", True, "inductor", _UNSET)], [1, 33, 256]),
-        checks.check_flashinfer_op: ([("call", True, "inductor", _UNSET)], [64]),
-        checks.check_flashinfer_ops: ([("call", True, "_TraceOnly", _UNSET)], []),
+        checks.check_flashinfer_op: ([("call", True, "inductor", _UNSET)], [64, 64, 64, 2]),  # 2: [2, 32, 256]
+        checks.check_flashinfer_ops: ([("call", True, "_TraceOnly", _UNSET)], [(64, "cuda")]),  # fake CUDA tensors
     }
     if not flashinfer_op.flashinfer_has_op():
         del expected[checks.check_flashinfer_op]
@@ -319,29 +326,33 @@ def test_each_check_compiles_as_it_says_on_the_inputs_it_names(monkeypatch):
         compiled.clear()
         rows.clear()
         check("cpu")
-        assert compiled == compiles and rows == [(count, "cpu") for count in counts], (check.__name__, compiled, rows)
+        assert compiled == compiles and rows == [(c, "cpu") if isinstance(c, int) else c for c in counts], (check.__name__, compiled, rows)
     assert opchecked == [((16, False, True, False, False, None, 0), _UNSET)]  # on CPU every opcheck test runs
 
 
-def test_the_device_mode_is_the_current_gpus_preload_mode(monkeypatch):
-    # Stand-ins: the current CUDA device and the preload modes status() reports for two GPUs (none here).
-    status = checks.lifecycle.status
+@pytest.mark.parametrize("current, launches, computes", [
+    (0, False, False), (1, True, True), (2, True, False), (3, True, True), (4, False, False), (None, False, False)])
+def test_on_a_gpu_the_checks_go_by_what_the_current_gpu_loaded(current, launches, computes, monkeypatch):
+    """Stand-ins: the GPUs status() reports (refuse, kernel, launch and reference, as apply() records them; None:
+    none recorded) and the current CUDA device. Past its gate a check needs CUDA, which is not here: it raises
+    where it would run, and skips where the GPU's mode says it cannot."""
+    status = fp4_dynamo_shim.status()
+    devices = None if current is None else [{"index": index, "mode": mode} for index, mode in
+                                            enumerate(("refuse", "kernel", "launch", "reference"))]
+    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**status, "devices": devices})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current or 0)
 
-    def with_two_gpus():
-        return {**status(), "devices": [{"index": 0, "mode": "refuse"}, {"index": 1, "mode": "kernel"}]}
+    def goes_past_its_gate(check):
+        try:
+            check("cuda")
+        except checks.Skip:
+            return False
+        except Exception:  # no CUDA here
+            return True
+        return True
 
-    monkeypatch.setattr(checks.lifecycle, "status", with_two_gpus)
-    assert checks._mode("cpu") == "reference"
-    for current, mode in ((0, "refuse"), (1, "kernel"), (2, None)):
-        monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
-        assert checks._mode("cuda") == mode
-    assert checks._launches("cuda") is False and checks._computes_values("cuda") is False  # device 2: nothing loaded
-    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**status(), "devices": None})
-    assert checks._mode("cuda") is None
-    for mode, launches, computes in (("kernel", True, True), ("reference", True, True), ("launch", True, False),
-                                     ("refuse", False, False), (None, False, False)):
-        monkeypatch.setattr(checks, "_mode", lambda device: mode)
-        assert (checks._launches("cuda"), checks._computes_values("cuda")) == (launches, computes), mode
+    assert goes_past_its_gate(checks.check_cuda_graph) is launches
+    assert goes_past_its_gate(checks.check_compiled_matches_eager) is computes
 
 
 def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypatch):
@@ -534,7 +545,7 @@ def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypa
 
 
 # --- branches a GPU reaches, driven here with the device state and SGLang's outcome stood in ------------------
-# Stand-ins: ``checks._mode`` (what the GPU's preload reports) and, for SGLang's compile path, what
+# Stand-ins: the GPU's mode as verify reads it (what the GPU's preload reports) and, for SGLang's compile path, what
 # ``sglang_releases.describe`` and ``compile_path_check`` return (SGLang and a GPU are not here). What they cannot
 # show: that SGLang's compile path on a GPU yields such an outcome; tests/gpu/test_gpu_sglang.py drives it.
 
