@@ -11,7 +11,10 @@ raising check; the checks themselves are test_checks.py's.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import time
 
 import pytest
 import torch
@@ -74,6 +77,27 @@ summary: 1 passed, 1 failed, 1 skipped; exit 1
 """
 
 
+#: The text report for a status and environment no machine here has (two GPUs, a GPU record, a warning): main prints
+#: this machine's, so the words for the others are asked of the printer itself.
+print_report = report._print_text
+
+
+def _flashinfer_ops_line(layer) -> str:
+    """The report's line for FlashInfer's declared ops, for this part of status()."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_report(ENVIRONMENT, {**STATUS, "flashinfer_ops": layer}, [], 0)
+    return next(line for line in out.getvalue().splitlines() if line.startswith("  flashinfer ops"))
+
+
+def _rebound_lines(rebound, verbose) -> list:
+    """The report's lines under "names rebound", for these rebound names."""
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        print_report(ENVIRONMENT, {**STATUS, "rebound": rebound}, [], 0, verbose=verbose)
+    lines = out.getvalue().splitlines()
+    start = next(i for i, line in enumerate(lines) if " names rebound" in line) + 1
+    return [line for line in lines[start:] if line.startswith("    ")]
+
+
 def raising(error):
     """A check that raises ``error``."""
     def check(device):
@@ -82,27 +106,27 @@ def raising(error):
 
 
 def test_the_text_report_words_every_field_it_shows(capsys):
-    report._print_text(ENVIRONMENT, STATUS, RESULTS, 1)
+    print_report(ENVIRONMENT, STATUS, RESULTS, 1)
     assert capsys.readouterr().out == TEXT
 
 
 def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys):
-    report._print_text(ENVIRONMENT, STATUS, [], 0, verbose=True)
+    print_report(ENVIRONMENT, STATUS, [], 0, verbose=True)
     out = capsys.readouterr().out
     assert "  activated by pth; 4 names rebound\n" in out
     assert ("    flashinfer: fp4_quantize\n    flashinfer.quantization: fp4_quantize\n    sglang.x: _private\n"
             "    sglang.y: fp4_quantize\n") in out
     assert "checks\n" not in out and out.endswith("summary: 0 passed, 0 failed, 0 skipped; exit 0\n")
-    assert report._rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
+    assert _rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
     two = ["pkg.a.fp4_quantize", "pkg.a.mm_fp4", "pkg.b.fp4_quantize"]
-    assert report._rebound_lines(two, verbose=True) == ["    pkg.a: fp4_quantize, mm_fp4", "    pkg.b: fp4_quantize"]
-    assert report._rebound_lines(two, verbose=False) == ["    pkg: 2 module(s): fp4_quantize, mm_fp4"]
+    assert _rebound_lines(two, verbose=True) == ["    pkg.a: fp4_quantize, mm_fp4", "    pkg.b: fp4_quantize"]
+    assert _rebound_lines(two, verbose=False) == ["    pkg: 2 module(s): fp4_quantize, mm_fp4"]
 
 
 def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys):
     environment = {**ENVIRONMENT, "gpus": [], "sglang": {"need": None, "note": None}}
     status = {**STATUS, "applied": False, "problem": "switched off", "routes": {"pth": None}, "warnings": []}
-    report._print_text(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
+    print_report(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
     out = capsys.readouterr().out
     assert "  gpu          none visible\n  flashinfer" in out and "  sglang       not installed\n" in out
     assert "shim NOT applied: switched off\nroutes installed: none\nchecks\n" in out
@@ -110,12 +134,14 @@ def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys
 
 
 def test_the_gpu_record_line_per_gate_and_state():
-    assert report._proven_line({**LAYER, "gate": "sglang"}) == ""
-    assert report._proven_line({**LAYER, "state": "waiting"}) == ""
-    assert report._proven_line({**LAYER, "proven": None}) == \
-        "; no GPU record for the installed FlashInfer: SGLang's calls only"
-    assert report._proven_line({**LAYER, "gate": "all", "proven": None}) == "; no GPU record for the installed FlashInfer"
-    assert report._proven_line({**LAYER, "gate": "all"}).startswith("; GPU record for FlashInfer 0.6.12")
+    registered = "26 of 40 declarations registered"
+    assert _flashinfer_ops_line({**LAYER, "gate": "sglang"}).endswith(registered)
+    assert _flashinfer_ops_line({**LAYER, "state": "waiting"}).endswith(registered)
+    assert _flashinfer_ops_line({**LAYER, "proven": None}).endswith(
+        f"{registered}; no GPU record for the installed FlashInfer: SGLang's calls only")
+    assert _flashinfer_ops_line({**LAYER, "gate": "all", "proven": None}).endswith(
+        f"{registered}; no GPU record for the installed FlashInfer")
+    assert f"{registered}; GPU record for FlashInfer 0.6.12" in _flashinfer_ops_line({**LAYER, "gate": "all"})
 
 
 def test_the_json_document_counts_each_kind_of_result():
@@ -258,7 +284,7 @@ def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, m
     monkeypatch.setattr(lifecycle, "status", lambda: {**real_status(), "problem": "a refusal",
                                                       "disabled": outcome == "switched off"})
     clock = iter([10.0, 11.23456])
-    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     result = report.apply_shim()
     assert routes == [report.ROUTE] and result.seconds == 1.23
     assert (result.name, result.result, result.detail) == {
@@ -271,7 +297,7 @@ def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, m
 
 def test_a_checks_seconds_are_the_clocks_difference_to_a_hundredth(monkeypatch):
     clock = iter([5.0, 7.456])
-    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
     assert report.run_check("a", lambda device: "x", "cpu").seconds == 2.46
 
