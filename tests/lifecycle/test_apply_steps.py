@@ -65,7 +65,7 @@ def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_u
             raise RuntimeError("no GPU to ask")
         return real_import(name, *args)
 
-    monkeypatch.setattr(lifecycle.importlib, "import_module", import_module)
+    monkeypatch.setattr(importlib, "import_module", import_module)
     assert lifecycle.apply() is False
     assert fp4_dynamo_shim.status()["problem"] == (
         "ApplyError: importing flashinfer failed (RuntimeError: no GPU to ask); FlashInfer was left untouched")
