@@ -98,6 +98,12 @@ def _rebound_lines(rebound, verbose) -> list:
     return [line for line in lines[start:] if line.startswith("    ")]
 
 
+def main_runs(monkeypatch, *checks):
+    """main's list of (name, check), stood in where a test needs a check that fails, raises or records its device
+    (the real checks are test_checks.py's)."""
+    monkeypatch.setattr(report, "ordered_checks", lambda: list(checks))
+
+
 def raising(error):
     """A check that raises ``error``."""
     def check(device):
@@ -171,12 +177,11 @@ def test_a_check_becomes_a_result_line(monkeypatch):
 
 
 def test_exit_codes_of_main(monkeypatch, capsys):
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("passes", lambda device: "fine"),
-                                                          ("skips", raising(checks.Skip("no")))])
+    main_runs(monkeypatch, ("passes", lambda device: "fine"), ("skips", raising(checks.Skip("no"))))
     assert report.main(["--json", "--device", "cpu"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in document["checks"]] == ["passes", "skips"] and document["status"]["applied"]
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("fails", raising(ZeroDivisionError("division by zero")))])
+    main_runs(monkeypatch, ("fails", raising(ZeroDivisionError("division by zero"))))
     assert report.main(["--device", "cpu"]) == 1
     captured = capsys.readouterr()
     assert "  FAIL  fails              ZeroDivisionError: division by zero" in captured.out
@@ -247,7 +252,7 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
         seen.append(device)
         return f"ran on {device}"
 
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("one", check)])
+    main_runs(monkeypatch, ("one", check))
     monkeypatch.setattr(checks, "check_baseline", lambda device: seen.append(("baseline", device)) or "shown")
     monkeypatch.setattr(report, "environment", lambda: ENVIRONMENT)
     assert report.main(["--json", "--baseline"]) == 0
@@ -268,31 +273,29 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
 
 
 @pytest.mark.parametrize("outcome", ["applied", "refused", "strict", "switched off"])
-def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, monkeypatch):
-    from _fp4_dynamo_shim import lifecycle
-    from _fp4_dynamo_shim.errors import ApplyError
+def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, unpatched, monkeypatch):
+    """Refused: a FlashInfer outside the supported range (its installed version stood in at importlib.metadata)."""
+    import importlib.metadata
 
-    routes, real_status = [], lifecycle.status
-
-    def apply(route):
-        routes.append(route)
-        if outcome == "strict":
-            raise ApplyError("FlashInfer 0.5.2 is outside >=0.6.1")
-        return outcome == "applied"
-
-    monkeypatch.setattr(lifecycle, "apply", apply)
-    monkeypatch.setattr(lifecycle, "status", lambda: {**real_status(), "problem": "a refusal",
-                                                      "disabled": outcome == "switched off"})
-    clock = iter([10.0, 11.23456])
-    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
+    installed = importlib.metadata.version
+    if outcome in ("refused", "strict"):
+        monkeypatch.setattr(importlib.metadata, "version",
+                            lambda name: "0.5.2" if name == "flashinfer-python" else installed(name))
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1" if outcome == "strict" else "0")
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1" if outcome == "switched off" else "0")
+    clock = iter([10.0])  # the check's start; every later reading, its end included, is 11.23456
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 11.23456))
     result = report.apply_shim()
-    assert routes == [report.ROUTE] and result.seconds == 1.23
+    unsupported = ("flashinfer-python 0.5.2 is not supported (supported: "
+                   f"{fp4_dynamo_shim.status()['supported_flashinfer']}); FlashInfer was left untouched")
     assert (result.name, result.result, result.detail) == {
         "applied": ("apply", "pass", "applied"),
-        "refused": ("apply", "fail", "a refusal"),
-        "strict": ("apply", "fail", "ApplyError: FlashInfer 0.5.2 is outside >=0.6.1"),
-        "switched off": ("apply", "skip", "a refusal"),
+        "refused": ("apply", "fail", unsupported),
+        "strict": ("apply", "fail", f"ApplyError: {unsupported}"),
+        "switched off": ("apply", "skip", "FP4_DYNAMO_SHIM_DISABLE=1 is set: the shim is switched off on every route"),
     }[outcome]
+    assert result.seconds == 1.23 and fp4_dynamo_shim.status()["activated_by"] == (
+        report.ROUTE if outcome == "applied" else None)
 
 
 def test_a_checks_seconds_are_the_clocks_difference_to_a_hundredth(monkeypatch):
