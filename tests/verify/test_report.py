@@ -11,8 +11,6 @@ raising check; the checks themselves are test_checks.py's.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import time
 
@@ -20,6 +18,7 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
+import verify_text
 from _fp4_dynamo_shim.verify import checks, report
 
 ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cpu", "cuda": "12.8",
@@ -77,25 +76,12 @@ summary: 1 passed, 1 failed, 1 skipped; exit 1
 """
 
 
-#: The text report for a status and environment no machine here has (two GPUs, a GPU record, a warning): main prints
-#: this machine's, so the words for the others are asked of the printer itself.
-print_report = report._print_text
-
-
 def _flashinfer_ops_line(layer) -> str:
-    """The report's line for FlashInfer's declared ops, for this part of status()."""
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        print_report(ENVIRONMENT, {**STATUS, "flashinfer_ops": layer}, [], 0)
-    return next(line for line in out.getvalue().splitlines() if line.startswith("  flashinfer ops"))
+    return verify_text.flashinfer_ops_line(ENVIRONMENT, {**STATUS, "flashinfer_ops": layer})
 
 
 def _rebound_lines(rebound, verbose) -> list:
-    """The report's lines under "names rebound", for these rebound names."""
-    with contextlib.redirect_stdout(io.StringIO()) as out:
-        print_report(ENVIRONMENT, {**STATUS, "rebound": rebound}, [], 0, verbose=verbose)
-    lines = out.getvalue().splitlines()
-    start = next(i for i, line in enumerate(lines) if " names rebound" in line) + 1
-    return [line for line in lines[start:] if line.startswith("    ")]
+    return verify_text.rebound_lines(ENVIRONMENT, {**STATUS, "rebound": rebound}, verbose)
 
 
 def main_runs(monkeypatch, *checks):
@@ -112,12 +98,12 @@ def raising(error):
 
 
 def test_the_text_report_words_every_field_it_shows(capsys):
-    print_report(ENVIRONMENT, STATUS, RESULTS, 1)
+    verify_text.print_report(ENVIRONMENT, STATUS, RESULTS, 1)
     assert capsys.readouterr().out == TEXT
 
 
 def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys):
-    print_report(ENVIRONMENT, STATUS, [], 0, verbose=True)
+    verify_text.print_report(ENVIRONMENT, STATUS, [], 0, verbose=True)
     out = capsys.readouterr().out
     assert "  activated by pth; 4 names rebound\n" in out
     assert ("    flashinfer: fp4_quantize\n    flashinfer.quantization: fp4_quantize\n    sglang.x: _private\n"
@@ -132,7 +118,7 @@ def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys
 def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys):
     environment = {**ENVIRONMENT, "gpus": [], "sglang": {"need": None, "note": None}}
     status = {**STATUS, "applied": False, "problem": "switched off", "routes": {"pth": None}, "warnings": []}
-    print_report(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
+    verify_text.print_report(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
     out = capsys.readouterr().out
     assert "  gpu          none visible\n  flashinfer" in out and "  sglang       not installed\n" in out
     assert "shim NOT applied: switched off\nroutes installed: none\nchecks\n" in out
