@@ -462,7 +462,7 @@ MUTATIONS = [
     mutation("verify-compares-no-values", "verify's compiled-vs-eager check compares shapes only",
              f"{PKG}/verify/checks.py", " or got.stride() != want.stride() or not torch.equal(got, want):",
              " or got.stride() != want.stride():",
-             "tests/verify/test_checks.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference"),
+             "tests/verify/test_verify_checks_on_cpu.py::test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference"),
     # --- issue 19: what a new user still hit -------------------------------------------------------------
     mutation("meta-scale-passes-the-screen", "a meta global_scale next to a CPU input reaches the fake (garbage)",
              f"{PKG}/fp4/quantize_op.py", "            or global_scale.is_cpu is not input.is_cpu or global_scale.numel() != 1",

@@ -6,7 +6,7 @@ here ``report.main`` and its helpers are called directly, so that a change to wh
 test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
 and environment that ``_print_text`` words are written out here (every field it reads, with values no machine
 here has: two GPUs, a GPU record, a warning), and ``main``'s check list where the test needs a failing or
-raising check; the checks themselves are test_checks.py's.
+raising check; the checks themselves are test_verify_checks_on_cpu.py's.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _rebound_lines(rebound, verbose) -> list:
 
 def main_runs(monkeypatch, *checks):
     """main's list of (name, check), stood in where a test needs a check that fails, raises or records its device
-    (the real checks are test_checks.py's)."""
+    (the real checks are test_verify_checks_on_cpu.py's)."""
     monkeypatch.setattr(report, "ordered_checks", lambda: list(checks))
 
 
