@@ -27,10 +27,9 @@ from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.entry import sglang_plugin, startup
 from _fp4_dynamo_shim.routes import importer
 from fp4_dynamo_shim.errors import ApplyError
+import user_lines
 
-UNDERSTOOD_SWITCH = "1, true, yes or on to switch it on, or 0, false, no, off or unset for off (treated as off)"
-BOGUS_FALLBACK = ("FP4_DYNAMO_SHIM_FALLBACK='bogus' is not understood; use one of error, reference, launch "
-                  "(treated as error)")
+BOGUS_FALLBACK = user_lines.not_understood("FP4_DYNAMO_SHIM_FALLBACK", "bogus")
 
 
 def spelled(value):
@@ -135,8 +134,8 @@ def test_values_the_pth_line_does_not_understand_are_off_and_each_is_warned_once
     fresh_start.setenv(switches.DISABLE, "maybe")
     assert startup.enabled_by_environment() is False
     assert startup.enabled_by_environment() is False
-    assert said() == [("WARNING", f"FP4_DYNAMO_SHIM='2' is not understood; use {UNDERSTOOD_SWITCH}"),
-                            ("WARNING", f"FP4_DYNAMO_SHIM_DISABLE='maybe' is not understood; use {UNDERSTOOD_SWITCH}")]
+    assert said() == [("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM", "2")),
+                            ("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM_DISABLE", "maybe"))]
 
 
 @pytest.mark.parametrize("hook, route", [("1", "pth"), ("0", None), (None, None)])
@@ -186,7 +185,7 @@ def test_an_unknown_kill_switch_value_is_warned_once_and_the_hook_goes_on(fresh_
     fresh_start.setenv(switches.DISABLE, "maybe")
     startup.install("pth")
     assert (startup.route, activated_by()) == ("pth", "pth")
-    assert said() == [("WARNING", f"FP4_DYNAMO_SHIM_DISABLE='maybe' is not understood; use {UNDERSTOOD_SWITCH}")]
+    assert said() == [("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM_DISABLE", "maybe"))]
 
 
 def test_install_never_raises_strict_modes_refusal_becomes_the_hooks_one_warning(fresh_start, said):

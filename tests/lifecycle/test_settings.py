@@ -35,8 +35,7 @@ def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_acc
     assert switches.read(SWITCH, {}) == (False, None)
     assert switches.read(SWITCH, {"OTHER": "1"}) == (False, None)
     value, problem = switches.read(SWITCH, {SWITCH: "maybe"})
-    assert (value, problem) == (False, f"{SWITCH}='maybe' is not understood; use 1, true, yes or on to switch it "
-                                       "on, or 0, false, no, off or unset for off (treated as off)")
+    assert (value, problem) == (False, user_lines.not_understood(SWITCH, "maybe"))
 
 
 # --- every variable in one table: words in any case and spacing, unset, empty, unknown ------------------------------
@@ -131,8 +130,8 @@ def test_a_value_that_only_begins_like_a_version_is_not_a_cuda_version(raw, appl
     status = applied_with(CUDA_VERSION=raw)
     assert status["applied"], status["problem"]
     assert status["cuda_version"]["source"] != "environment", status["cuda_version"]
-    said = [line for line in status["warnings"] if switches.CUDA_VERSION in line]
-    assert len(said) == 1 and f"={raw!r} is not understood" in said[0]  # the words: tests/data/user_lines.json
+    assert [line for line in status["warnings"] if switches.CUDA_VERSION in line] == [
+        user_lines.not_understood(switches.CUDA_VERSION, raw)]
     with pytest.raises(ApplyError, match=f"{switches.CUDA_VERSION}={raw!r} is not understood"):
         applied_with(CUDA_VERSION=raw, STRICT="1")
 
