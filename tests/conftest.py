@@ -4,7 +4,11 @@ stand-ins (for pieces that need a GPU) say so where they are used."""
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
+import logging
 import os
+import site
+import sys
 
 import hypothesis
 import pytest
@@ -73,6 +77,56 @@ def unpatched():
     yield
     torch._dynamo.reset()
     fp4_dynamo_shim.apply()
+
+
+@pytest.fixture
+def sites(tmp_path, monkeypatch):
+    """Two empty site directories, this interpreter's only ones (no user site, no sitecustomize loaded, no SGLang
+    plugin entry point): start-up routes a test writes there are what ``status()["routes"]`` finds. A unique path
+    per test, so that a warning naming them is said again (warnings are said once per message)."""
+    directories = [tmp_path / "site-a", tmp_path / "site-b"]
+    for directory in directories:
+        directory.mkdir()
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(d) for d in directories])
+    monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
+    monkeypatch.delitem(sys.modules, "sitecustomize", raising=False)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    return directories
+
+
+@pytest.fixture
+def without_the_export(monkeypatch):
+    """This process as if ``import fp4_dynamo_shim`` had exported nothing: ``revert()`` withdraws the export (and
+    the shim), and FP4_DYNAMO_SHIM is unset. Afterwards the export is made again, as the import made it."""
+    fp4_dynamo_shim.revert()
+    monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
+    yield
+    fp4_dynamo_shim.revert()
+    monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
+    fp4_dynamo_shim.lifecycle.export_for_children()  # monkeypatch then gives the variable its value back
+
+
+@pytest.fixture
+def said(monkeypatch, caplog):
+    """What the shim says from now on, as ``said()``: (level, line) for each line on the project's logger (where
+    its warnings and start-up lines go), in order. Every message counts as not yet said (the shim says each
+    warning once per process)."""
+    from _fp4_dynamo_shim import switches
+
+    monkeypatch.setattr(switches, "warned", set())
+    caplog.set_level(logging.INFO, logger="fp4_dynamo_shim")
+    caplog.clear()
+    return lambda: [(record.levelname, record.getMessage()) for record in caplog.records
+                    if record.name == "fp4_dynamo_shim"]
+
+
+@pytest.fixture
+def hook_not_installed(monkeypatch):
+    """The start-up hook as a fresh interpreter has it: not installed, no route recorded."""
+    from _fp4_dynamo_shim.entry import startup
+
+    monkeypatch.setattr(startup, "_installed", False)
+    monkeypatch.setattr(startup, "route", None)
 
 
 @pytest.fixture

@@ -304,9 +304,7 @@ def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_
     assert disabled.stdout.split() == ["None", "None"], disabled.stderr
 
 
-def test_install_honours_the_kill_switch_in_process(monkeypatch):
-    monkeypatch.setattr(startup, "_installed", False)
-    monkeypatch.setattr(startup, "route", None)
+def test_install_honours_the_kill_switch_in_process(monkeypatch, hook_not_installed):
     monkeypatch.setenv(switches.DISABLE, "Yes")
     before = list(sys.meta_path)
     startup.install()

@@ -28,6 +28,7 @@ from _fp4_dynamo_shim.declared import polyfill
 from fp4_dynamo_shim.errors import ApplyError
 
 import declared_examples
+import verify_text
 from helpers import apply_with, run_python
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "declared_releases.json"
@@ -447,20 +448,23 @@ def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeyp
     from _fp4_dynamo_shim.declared import proven as proven_record
     from _fp4_dynamo_shim.verify import report
 
+    def verify_says(gate):
+        _reapply(monkeypatch, gate)
+        return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status())
+
     version = patching.flashinfer_version()
     monkeypatch.delitem(proven_record.PROVEN, version, raising=False)
-    layer = _reapply(monkeypatch, "proven")
-    assert report._proven_line(layer) == "; no GPU record for the installed FlashInfer: SGLang's calls only"
-    assert report._proven_line(_reapply(monkeypatch, "all")) == "; no GPU record for the installed FlashInfer"
-    assert report._proven_line(_reapply(monkeypatch, "sglang")) == ""
+    assert verify_says("proven").endswith("; no GPU record for the installed FlashInfer: SGLang's calls only")
+    assert verify_says("all").endswith(" declarations registered; no GPU record for the installed FlashInfer")
+    assert verify_says("sglang").endswith(" declarations registered")
     monkeypatch.setitem(proven_record.PROVEN, version, {
         "date": "2026-12-02", "machine": "NVIDIA H200", "torch": "2.11.0+cu130", "shim": "abc1234",
         "functions_passed": 1, "functions_run": 1,
         "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
                                                        "functions": ["norm.layernorm"]}}})
-    assert report._proven_line(_reapply(monkeypatch, "proven")) == (
-        f"; GPU record for FlashInfer {version}: 1 declarations through 1 functions (2026-12-02, NVIDIA H200, "
-        "torch 2.11.0+cu130, shim abc1234)")
+    assert verify_says("proven").endswith(
+        f" declarations registered; GPU record for FlashInfer {version}: 1 declarations through 1 functions "
+        "(2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234)")
 
 
 def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they_become():

@@ -21,6 +21,9 @@ from _fp4_dynamo_shim.declared.codegen import NotExpressible
 
 from flashinfer_like import NO_OP_DECORATORS as DECORATORS
 
+#: Which fake a declaration gets: the installed release reaches few of these cases, so they are asked directly.
+fake_for = build._fake
+
 CASES = DECORATORS + '''
 @register_custom_op("flashinfer::writes", mutates_args=("out",))
 def _writes(out: torch.Tensor) -> None:
@@ -116,36 +119,36 @@ def _parameters(function):
 
 
 def test_a_function_that_returns_none_needs_no_fake(cases):
-    assert build._fake(*cases["writes"]) == (None, None, "none needed (returns None)")
+    assert fake_for(*cases["writes"]) == (None, None, "none needed (returns None)")
 
 
 def test_flashinfers_fake_is_used_as_written_when_it_matches_and_by_keyword_when_it_lacks_parameters(cases):
     declaration, module, function = cases["same"]
-    assert build._fake(declaration, module, function) == (module._same_fake, None, "FlashInfer's")
+    assert fake_for(declaration, module, function) == (module._same_fake, None, "FlashInfer's")
     declaration, module, function = cases["fewer"]
-    assert build._fake(declaration, module, function) == (module._fewer_fake, ["x"],
+    assert fake_for(declaration, module, function) == (module._fewer_fake, ["x"],
                                                           "FlashInfer's, by keyword (it lacks y, z)")
 
 
 def test_a_fake_naming_parameters_the_function_lacks_is_refused_or_dropped_where_none_is_needed(cases):
     with pytest.raises(NotExpressible) as refused:
-        build._fake(*cases["stale"])
+        fake_for(*cases["stale"])
     assert str(refused.value) == "FlashInfer's fake names parameters the function lacks (gone, old)"
-    assert build._fake(*cases["stale_writes"]) == (
+    assert fake_for(*cases["stale_writes"]) == (
         None, None, "none needed (returns None; FlashInfer's fake names parameters it lacks: gone)")
 
 
 def test_a_value_without_a_fake_is_refused(cases):
     with pytest.raises(NotExpressible) as refused:
-        build._fake(*cases["unfaked"])
+        fake_for(*cases["unfaked"])
     assert str(refused.value) == "returns a value and FlashInfer wrote no fake for it"
 
 
 def test_a_getters_fake_is_compiled_in_the_module_unless_it_reads_the_getters_locals(cases):
     with pytest.raises(NotExpressible) as refused:
-        build._fake(*cases["reads_local"])
+        fake_for(*cases["reads_local"])
     assert str(refused.value) == "FlashInfer's fake reads its getter's locals (offset, scale)"
-    fake, keywords, how = build._fake(*cases["nested"])
+    fake, keywords, how = fake_for(*cases["nested"])
     assert (fake.__name__, keywords, how) == ("_nested_fake", None, "FlashInfer's")
     x = torch.empty(2, 3, device="meta")
     assert fake(x).shape == (2, 3) and fake.__globals__ is cases["nested"][1].__dict__
@@ -181,14 +184,14 @@ def get_module():
         return x
 
     with pytest.raises(NotExpressible) as refused:
-        build._fake(declaration, module, returned)
+        fake_for(declaration, module, returned)
     assert str(refused.value) == ("fake _bad_default_fake does not compile outside its getter (AttributeError: "
                                   "module 'torch' has no attribute 'no_such_thing')")
 
 
 def test_a_fake_with_the_functions_parameters_in_another_order_is_called_by_keyword(cases):
     declaration, module, function = cases["reordered"]
-    assert build._fake(declaration, module, function) == (
+    assert fake_for(declaration, module, function) == (
         module._reordered_fake, ["y", "x"], "FlashInfer's, by keyword (in another order)")
 
 
@@ -199,7 +202,7 @@ def min_p_sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor) -> tor
     return probs
 ''', "flashinfer.sampling")
     declaration, module, function = sampling["min_p_sampling_from_probs"]
-    assert build._fake(declaration, module, function) == (
+    assert fake_for(declaration, module, function) == (
         rules.DERIVED_FAKES[("flashinfer.sampling", "min_p_sampling_from_probs")], ["probs", "indices"],
         "derived by the shim (declared_rules.DERIVED_FAKES)")
 
@@ -216,7 +219,7 @@ def _merge_states_fake(v: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
 
     declaration, module, function = merge_states("")
     replaced = rules.REPLACED_FAKES[("flashinfer.cascade", "merge_states")]
-    assert build._fake(declaration, module, function) == (
+    assert fake_for(declaration, module, function) == (
         replaced.fake, ["v", "s"], f"the shim's ({replaced.fault})")
     declaration, module, function = merge_states(", device=v.device")  # FlashInfer mended it: its own again
-    assert build._fake(declaration, module, function) == (module._merge_states_fake, None, "FlashInfer's")
+    assert fake_for(declaration, module, function) == (module._merge_states_fake, None, "FlashInfer's")

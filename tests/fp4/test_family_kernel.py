@@ -34,6 +34,11 @@ from _fp4_dynamo_shim.fp4 import family_ops
 from _fp4_dynamo_shim.fp4.quantize_op import check_devices
 
 OPS = {op.name: op for op in family_ops.OPS}
+# The three below run only on a GPU (the kernels' CUDA branches and device screens, built once when the ops are
+# registered); no public path reaches them on CPU, so they are built again here from the module's own builders.
+make_kernel = family_ops._make_kernel
+screen = family_ops._screened
+first_loaded_namespace = family_ops._first_loaded_namespace
 U8, BF16 = torch.uint8, torch.bfloat16
 
 
@@ -87,7 +92,7 @@ def kernel_call(op_name, first, family_modules):
     op, calls = recording(OPS[op_name])
     arguments = (first, Argument("second"), Argument("third"))
     with devices.overridden(family_modules=family_modules):
-        outputs = family_ops._make_kernel(op)(*arguments)
+        outputs = make_kernel(op)(*arguments)
     return outputs, calls, arguments
 
 
@@ -133,7 +138,7 @@ def test_a_gpu_call_goes_where_the_devices_mode_and_the_ops_column_say(op_name, 
     op, calls = recording(OPS[op_name])
     arguments = (OnGpu(1), Argument("second"), Argument("third"))
     with devices.overridden(family_modules=family_modules):
-        kernel = family_ops._make_kernel(op)
+        kernel = make_kernel(op)
         if does == REFUSED:
             with pytest.raises(NoFp4KernelError) as refused:
                 kernel(*arguments)
@@ -187,9 +192,9 @@ def test_a_host_op_runs_flashinfers_host_code_through_the_first_loaded_module_el
 
 def test_the_first_loaded_namespace_skips_gpus_without_a_module():
     with devices.overridden(family_modules={0: (None, "error"), 1: (MODULE_1, "kernel"), 2: (MODULE_0, "kernel")}):
-        assert family_ops._first_loaded_namespace() is MODULE_1
+        assert first_loaded_namespace() is MODULE_1
     with devices.overridden(family_modules={0: (None, "error")}):
-        assert family_ops._first_loaded_namespace() is None
+        assert first_loaded_namespace() is None
 
 
 # _screened ----------------------------------------------------------------------------------------------------
@@ -249,7 +254,7 @@ def device_checks(monkeypatch):
 def test_the_fake_screen_checks_the_ops_tensor_arguments_by_name_then_calls_the_fake_unchanged(op_name,
                                                                                                 device_checks):
     fake, calls = implementation()
-    screened = family_ops._screened(OPS[op_name], fake, fake=True)
+    screened = screen(OPS[op_name], fake, fake=True)
     arguments = op_arguments(op_name, [OnGpu(0) for _ in TENSORS[op_name]])
     assert screened(*arguments) == "its outputs"
     assert calls == [arguments]
@@ -264,7 +269,7 @@ def test_the_fake_screen_refuses_a_tensor_on_another_gpu_naming_it_except_for_ho
     names = TENSORS[op_name]
     # Put the stranger last: every argument before it is compared and passes.
     arguments = op_arguments(op_name, [*(OnGpu(0) for _ in names[:-1]), OnGpu(1)])
-    screened = family_ops._screened(OPS[op_name], fake, fake=True)
+    screened = screen(OPS[op_name], fake, fake=True)
     if OPS[op_name].host:  # FlashInfer copies a host op's inputs to the CPU itself
         assert screened(*arguments) == "its outputs"
         assert calls == [arguments]
@@ -283,7 +288,7 @@ def test_the_fake_screen_refuses_a_meta_tensor_next_to_a_real_one_for_host_ops_t
     arguments = op_arguments(op_name, [torch.zeros(2, dtype=U8), torch.zeros(2, dtype=U8, device="meta"),
                                        *(torch.zeros(2) for _ in TENSORS[op_name][2:])])
     with pytest.raises(InvalidArgumentError) as refused:
-        family_ops._screened(OPS[op_name], fake, fake=True)(*arguments)
+        screen(OPS[op_name], fake, fake=True)(*arguments)
     assert str(refused.value) == (f"fp4_dynamo_shim::{op_name}: {second} is on meta but {first} is on cpu; "
                                   "a meta tensor only goes with other meta tensors")
     assert calls == []
@@ -302,7 +307,7 @@ def test_the_cuda_screen_refuses_a_tensor_on_another_device_naming_it(op_name, p
     odd = OnGpu(1) if stranger == "cuda:1" else torch.zeros(2, dtype=U8)
     arguments = op_arguments(op_name, [odd if i == position else OnGpu(0) for i in range(len(names))])
     with pytest.raises(InvalidArgumentError) as refused:
-        family_ops._screened(OPS[op_name], kernel, fake=False)(*arguments)
+        screen(OPS[op_name], kernel, fake=False)(*arguments)
     # The check names the first tensor not on the first one's device: the second, when the first is the stranger.
     named, where, first, first_where = ((names[1], "cuda:0", names[0], stranger) if position == 0 else
                                         (names[position], stranger, names[0], "cuda:0"))
@@ -317,7 +322,7 @@ def test_the_cuda_screen_passes_tensors_on_one_gpu_unchanged_without_the_full_de
                                                                                           device_checks):
     # check_devices is only consulted to word a refusal: this screen runs on every eager GPU call.
     kernel, calls = implementation()
-    screened = family_ops._screened(OPS[op_name], kernel, fake=False)
+    screened = screen(OPS[op_name], kernel, fake=False)
     arguments = op_arguments(op_name, [OnGpu(gpu) for _ in TENSORS[op_name]])
     assert screened(*arguments) == "its outputs"
     assert calls == [arguments]
@@ -328,7 +333,7 @@ def test_the_cuda_screen_passes_tensors_on_one_gpu_unchanged_without_the_full_de
 def test_the_cuda_screen_skips_mm_fp4s_absent_alpha():
     kernel, calls = implementation()
     arguments = op_arguments("mm_fp4", [OnGpu(0), OnGpu(0), OnGpu(0), OnGpu(0), None])
-    assert family_ops._screened(OPS["mm_fp4"], kernel, fake=False)(*arguments) == "its outputs"
+    assert screen(OPS["mm_fp4"], kernel, fake=False)(*arguments) == "its outputs"
     assert calls == [arguments]
 
 
@@ -363,7 +368,7 @@ def test_dequantize_hands_flashinfers_host_closure_the_8x4_flag_only_where_it_ta
     dequantized = torch.zeros(2, 16)  # FlashInfer's host output: [M, K] float32 on the CPU
     function = closure(DEQUANTIZE + (("is_sf_8x4_layout",) if has_8x4 else ()), dequantized)
     namespace = types.SimpleNamespace(e2m1_and_ufp8sf_scale_to_float_sm100=function)
-    got = family_ops._dequantize_flashinfer(namespace, e2m1, sf, global_scale, 16, 1, True, True)
+    got = OPS["e2m1_and_ufp8sf_scale_to_float"].via_flashinfer(namespace, e2m1, sf, global_scale, 16, 1, True, True)
     assert got is dequantized
     assert function.calls == [(e2m1, sf, global_scale, 16, 1, True) + ((True,) if has_8x4 else ())]
 
@@ -375,7 +380,7 @@ def test_batched_quantize_hands_flashinfer_the_recipe_code_only_where_it_takes_o
     outputs = (torch.zeros(2, 4, 16, dtype=U8), torch.zeros(2, 128 * 4, dtype=U8))
     function = closure(BATCHED + (("nvfp4_4over6_code",) if has_code else ()), outputs)
     namespace = types.SimpleNamespace(fp4_batched_quantize_sm100=function)
-    assert family_ops._batched_flashinfer(namespace, x, global_scale, 16, True, 7) is outputs
+    assert OPS["fp4_batched_quantize"].via_flashinfer(namespace, x, global_scale, 16, True, 7) is outputs
     assert function.calls == [(x, global_scale, 16, True) + ((7,) if has_code else ())]
 
 
@@ -385,9 +390,9 @@ def test_host_dequantize_and_interleave_hand_flashinfer_their_arguments_as_they_
     namespace = types.SimpleNamespace(
         mxfp4_dequantize_host=closure(("weight", "scale", "group_size"), dequantized),
         block_scale_interleave_sm100=closure(("unswizzled_sf",), interleaved))
-    assert family_ops._dequantize_host_flashinfer(namespace, weight, scale, 32) is dequantized
+    assert OPS["mxfp4_dequantize_host"].via_flashinfer(namespace, weight, scale, 32) is dequantized
     assert namespace.mxfp4_dequantize_host.calls == [(weight, scale, 32)]
-    assert family_ops._interleave_flashinfer(namespace, sf) is interleaved
+    assert OPS["block_scale_interleave"].via_flashinfer(namespace, sf) is interleaved
     assert namespace.block_scale_interleave_sm100.calls == [(sf,)]
 
 
@@ -429,12 +434,12 @@ def test_experts_quantize_calls_flashinfers_quantizer_and_returns_the_buffers_un
     global_scale, mask = torch.ones(2), torch.tensor([ROWS, 17], dtype=torch.int32)
     quantizer = flashinfers_experts_quantizer(parameters + (("nvfp4_4over6_code",) if has_code else ()), silu)
     namespace = types.SimpleNamespace(**{function: quantizer})
-    values, scales = family_ops._experts_flashinfer(namespace, x, global_scale, mask, silu, 7)
+    values, scales = OPS["fp4_experts_quantize"].via_flashinfer(namespace, x, global_scale, mask, silu, 7)
     # The two FlashInfer-specific argument orders, and the code only where the closure takes it.
     ordered = (x, mask, global_scale) if silu else (x, global_scale, mask)
     assert quantizer.calls == [ordered + ((7,) if has_code else ())]
     # The op returns FlashInfer's buffers themselves, shaped and laid out as its fake says.
-    fake_values, fake_scales = family_ops._experts_fake(x, global_scale, mask, silu, 7)
+    fake_values, fake_scales = OPS["fp4_experts_quantize"].fake(x, global_scale, mask, silu, 7)
     for got, buffer, fake in zip((values, scales), quantizer.buffers, (fake_values, fake_scales)):
         assert (got.shape, got.stride(), got.dtype) == (fake.shape, fake.stride(), fake.dtype)
         assert (got.shape, got.data_ptr()) == (buffer.shape, buffer.data_ptr())
@@ -452,7 +457,7 @@ def test_silu_experts_quantize_checks_the_halved_columns_before_flashinfer_is_ca
     namespace = types.SimpleNamespace(silu_and_mul_scaled_nvfp4_experts_quantize_sm100=quantizer)
     x = torch.zeros(2, 4, 48, dtype=BF16)  # 24 columns after silu_and_mul: not a multiple of 16
     with pytest.raises(InvalidArgumentError) as refused:
-        family_ops._experts_flashinfer(namespace, x, torch.ones(2), torch.tensor([4, 4], dtype=torch.int32), True, 0)
+        OPS["fp4_experts_quantize"].via_flashinfer(namespace, x, torch.ones(2), torch.tensor([4, 4], dtype=torch.int32), True, 0)
     assert str(refused.value) == ("silu_and_mul_scaled_nvfp4_experts_quantize: the last dimension (24) must be a "
                                   "multiple of 16")
     assert quantizer.calls == []
@@ -496,7 +501,7 @@ def test_mm_fp4_calls_flashinfers_own_mm_fp4_with_every_setting_by_name(has_enab
     mm_fp4 = flashinfers_mm_fp4(has_enable_pdl)
     a, b, a_descale, b_descale, alpha = OPERANDS
     with devices.overridden(mm_fp4=mm_fp4):
-        got = family_ops._mm_fp4_flashinfer(MODULE_0, a, b, a_descale, b_descale, alpha, *SETTINGS.values(),
+        got = OPS["mm_fp4"].via_flashinfer(MODULE_0, a, b, a_descale, b_descale, alpha, *SETTINGS.values(),
                                             enable_pdl)
     assert got is mm_fp4.product
     assert mm_fp4.calls == [((a, b, a_descale, b_descale), dict(alpha=alpha, **SETTINGS, **passed))]
@@ -505,7 +510,7 @@ def test_mm_fp4_calls_flashinfers_own_mm_fp4_with_every_setting_by_name(has_enab
 def test_mm_fp4_says_the_shim_is_not_applied_when_flashinfers_mm_fp4_was_not_kept():
     with devices.overridden(mm_fp4=None):
         with pytest.raises(ShimError) as missing:
-            family_ops._mm_fp4_flashinfer(MODULE_0, *OPERANDS, *SETTINGS.values(), True)
+            OPS["mm_fp4"].via_flashinfer(MODULE_0, *OPERANDS, *SETTINGS.values(), True)
     assert str(missing.value) == "fp4_dynamo_shim: mm_fp4 is not available (the shim is not applied)"
 
 
@@ -516,12 +521,12 @@ def test_mm_fp4_says_the_shim_is_not_applied_when_flashinfers_mm_fp4_was_not_kep
 ])
 def test_mm_fp4s_fake_refuses_operands_that_do_not_multiply_in_words_that_show_them(a_shape, b_shape, said):
     with pytest.raises(InvalidArgumentError) as refused:
-        family_ops._mm_fp4_fake(torch.zeros(a_shape, dtype=U8), torch.zeros(b_shape, dtype=U8), None, None, None,
+        OPS["mm_fp4"].fake(torch.zeros(a_shape, dtype=U8), torch.zeros(b_shape, dtype=U8), None, None, None,
                                 BF16, 16, False, "auto", True, None)
     assert str(refused.value) == said
 
 
 def test_mm_fp4s_fake_gives_an_m_by_n_product_of_the_asked_dtype():
-    product = family_ops._mm_fp4_fake(torch.zeros(2, 4, dtype=U8), torch.zeros(4, 3, dtype=U8), None, None, None,
+    product = OPS["mm_fp4"].fake(torch.zeros(2, 4, dtype=U8), torch.zeros(4, 3, dtype=U8), None, None, None,
                                       torch.float16, 16, False, "auto", True, None)
     assert (product.shape, product.dtype) == ((2, 3), torch.float16)

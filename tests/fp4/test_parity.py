@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from _fp4_dynamo_shim.fp4 import devices
+from helpers import describe
 
 
 @pytest.fixture(params=["direct", "general"])
@@ -40,14 +41,6 @@ def recording_flashinfer(request, stand_in_sm100, device_state):
                                      if index != -1})
     recorder.mode = request.param
     return original, recorder
-
-
-def describe(argument):
-    if isinstance(argument, torch.Tensor):
-        data = argument.tolist() if argument.dtype != torch.uint8 or argument.numel() < 4096 else None
-        return ("tensor", tuple(argument.shape), argument.stride(), argument.dtype,
-                argument.untyped_storage().nbytes(), data if argument.dtype != torch.uint8 else None)
-    return (type(argument).__name__, argument)
 
 
 CASES = [

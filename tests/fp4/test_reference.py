@@ -6,6 +6,7 @@ import flashinfer
 import pytest
 import torch
 
+import fp4_oracle
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import reference
 from nvfp4_inputs import nvfp4_input
@@ -123,3 +124,42 @@ def test_swizzled_output_of_the_public_function_holds_the_linear_factors_permute
     _, linear = flashinfer.fp4_quantize(x, global_scale, is_sf_swizzled_layout=False)
     _, swizzled = flashinfer.fp4_quantize(x, global_scale, is_sf_8x4_layout=is_8x4)
     assert torch.equal(layout.unswizzle(swizzled, 20, 8, is_8x4), linear)
+
+
+def _far_apart_blocks(seed: int) -> torch.Tensor:
+    """One 16-element block of random values per power of two from bfloat16's smallest subnormal (2^-133) to
+    2^127, shuffled into 29 rows of 9: beside a row's largest block the small ones' scales land under e4m3's
+    smallest step, in its subnormals or in float32's, and under an extreme global scale the large ones overflow."""
+    generator = torch.Generator().manual_seed(seed)
+    exponents = torch.arange(-133, 128, dtype=torch.float32)[torch.randperm(261, generator=generator)]
+    values = torch.randn(261, 16, generator=generator) * (2.0 ** exponents).unsqueeze(-1)
+    return values.reshape(29, 9 * 16).to(torch.bfloat16)
+
+
+#: Global scales: SGLang's for the input, 1, and those under which one order of the kernel's float32 operations
+#: flushes or overflows where another does not (found by comparing reorderings of the reference).
+GLOBAL_SCALES = {"sglang": None, "one": 1.0, "0.3": 0.3, "3e-5": 3.0e-5, "2^-124": 2.0 ** -124, "1.7e38": 1.7e38}
+
+
+@pytest.mark.parametrize("fast_math_off", [False, True], ids=["fast-math", "fast-math-off"])
+@pytest.mark.parametrize("scale", list(GLOBAL_SCALES))
+def test_blocks_far_apart_in_magnitude_get_each_its_own_scale_as_the_kernel_computes_it(scale, fast_math_off,
+                                                                                       monkeypatch):
+    """Each block's scale is ``e4m3(g * (amax / 6))`` and its output scale ``rcp(scale * rcp(g))`` (fast math
+    off: ``amax * (g / 6)`` and ``1 / (scale * (1 / g))``), in that order and with every flush: the same value
+    reached in another order differs where one block of a row lies far from the others or from the global scale."""
+    release = fp4_oracle.release_of(flashinfer.__version__)
+    switches = fp4_oracle.FAST_MATH_SWITCHES[release]
+    if fast_math_off and not switches:
+        pytest.skip(f"FlashInfer {flashinfer.__version__}'s kernel has no fast-math switch")
+    for name in switches:
+        monkeypatch.delenv(name, raising=False)
+    if fast_math_off:
+        monkeypatch.setenv(switches[0], "1")  # read by the kernel, and the reference, at every call
+    x = _far_apart_blocks(seed=0)
+    g = GLOBAL_SCALES[scale] or 448.0 * 6.0 / x.float().abs().amax().item()
+    packed, scales = flashinfer.fp4_quantize(x, torch.tensor([g], dtype=torch.float32), is_sf_swizzled_layout=False)
+    want_packed, want_scales = fp4_oracle.quantize(x.float().tolist(), [g], 16, False,
+                                                   mode=fp4_oracle.Mode(fast_math=not fast_math_off), release=release)
+    assert scales.reshape(x.shape[0], -1).tolist() == want_scales
+    assert packed.tolist() == want_packed

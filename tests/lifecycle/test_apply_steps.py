@@ -65,7 +65,7 @@ def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_u
             raise RuntimeError("no GPU to ask")
         return real_import(name, *args)
 
-    monkeypatch.setattr(lifecycle.importlib, "import_module", import_module)
+    monkeypatch.setattr(importlib, "import_module", import_module)
     assert lifecycle.apply() is False
     assert fp4_dynamo_shim.status()["problem"] == (
         "ApplyError: importing flashinfer failed (RuntimeError: no GPU to ask); FlashInfer was left untouched")
@@ -95,15 +95,11 @@ def test_rebind_modules_rebinds_both_layers_originals_in_exactly_the_modules_giv
     assert lifecycle.rebind_modules(iter([other])) and other.fp4_quantize is fp4_replacement  # any iterable, once
 
 
-def test_a_cuda_version_problem_is_warned_in_its_own_words(monkeypatch, applied_with, tmp_path):
+def test_a_cuda_version_problem_is_warned_in_its_own_words(monkeypatch, applied_with, tmp_path, said):
     """FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc with no nvcc anywhere: apply() falls back to torch's version and
     says why, once, on the project's logger or stderr (status() keeps the same words)."""
-    from _fp4_dynamo_shim import switches
-
-    said = []
-    monkeypatch.setattr(switches, "warned", set())
-    monkeypatch.setattr(switches, "say", lambda message, level="warning": said.append(message))
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # a CUDA home with no nvcc in it
     status = applied_with(CUDA_VERSION="nvcc")
     problem = status["cuda_version"]["problem"]
-    assert problem.startswith("FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc, but no nvcc was found") and said == [problem]
+    assert problem.startswith("FP4_DYNAMO_SHIM_CUDA_VERSION=nvcc, but no nvcc was found")
+    assert [line for level, line in said() if level == "WARNING"] == [problem]

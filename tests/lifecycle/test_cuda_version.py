@@ -7,6 +7,7 @@ has no CUDA toolkit), and ``torch.version.cuda`` set by hand (this torch is a CP
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -165,9 +166,9 @@ def test_nvcc_is_looked_for_where_flashinfer_looks(tmp_path, monkeypatch):
     monkeypatch.delenv("CUDA_PATH")
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     checked = []
-    monkeypatch.setattr(cuda_version.os.path, "exists", lambda path: checked.append(path) or True)
+    monkeypatch.setattr(os.path, "exists", lambda path: checked.append(path) or True)
     assert cuda_version.find_nvcc() == "/usr/local/cuda/bin/nvcc" and checked[-1] == "/usr/local/cuda/bin/nvcc"
-    monkeypatch.setattr(cuda_version.os.path, "exists", lambda path: False)
+    monkeypatch.setattr(os.path, "exists", lambda path: False)
     assert cuda_version.find_nvcc() is None
 
 

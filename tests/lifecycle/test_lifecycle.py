@@ -172,6 +172,25 @@ def test_cuda_version_comes_from_torch_or_the_override_and_runs_no_subprocess(ap
     assert compiled(torch.zeros(1)).item() == 1
 
 
+def test_status_reports_the_settings_the_shim_applied_with_not_the_environment_of_the_moment(applied_with,
+                                                                                             monkeypatch):
+    """Settings are read once, by apply(): a variable changed afterwards changes nothing the shim does until
+    the next apply(), so status() must not report it as if it did."""
+    applied = applied_with(FALLBACK="reference", CUDA_VERSION="12.4", FLASHINFER_OPS="sglang", STRICT="0",
+                           DISABLE="bogus")
+    assert applied["applied"], applied["problem"]
+    said = {key: applied[key] for key in ("fallback", "strict", "disabled", "warnings", "cuda_version",
+                                          "flashinfer_ops")}
+    assert (said["fallback"], said["strict"], said["disabled"]) == ("reference", False, False)
+    assert len(said["warnings"]) == 1 and "FP4_DYNAMO_SHIM_DISABLE='bogus'" in said["warnings"][0]
+    for name, value in (("FALLBACK", "launch"), ("CUDA_VERSION", "11.8"), ("FLASHINFER_OPS", "off"),
+                        ("STRICT", "1"), ("DISABLE", "1")):
+        monkeypatch.setenv(f"FP4_DYNAMO_SHIM_{name}", value)
+    now = fp4_dynamo_shim.status()
+    assert now["applied"] and {key: now[key] for key in said} == said
+    assert cpp_ext.get_cuda_version() == Version("12.4")  # and what the shim does agrees with what it says
+
+
 def test_default_cuda_version_is_torchs_when_torch_has_one():
     expected = torch.version.cuda or fp4_dynamo_shim.status()["cuda_version"]["nvcc"]
     assert fp4_dynamo_shim.status()["cuda_version"]["value"] == expected

@@ -35,8 +35,7 @@ def test_an_unset_switch_is_off_without_a_problem_and_a_bad_one_says_what_is_acc
     assert switches.read(SWITCH, {}) == (False, None)
     assert switches.read(SWITCH, {"OTHER": "1"}) == (False, None)
     value, problem = switches.read(SWITCH, {SWITCH: "maybe"})
-    assert (value, problem) == (False, f"{SWITCH}='maybe' is not understood; use 1, true, yes or on to switch it "
-                                       "on, or 0, false, no, off or unset for off (treated as off)")
+    assert (value, problem) == (False, user_lines.not_understood(SWITCH, "maybe"))
 
 
 # --- every variable in one table: words in any case and spacing, unset, empty, unknown ------------------------------
@@ -119,9 +118,26 @@ def test_say_logs_to_the_projects_logger_when_logging_is_set_up_and_else_names_t
     assert capsys.readouterr().err == "fp4_dynamo_shim: three\nfp4_dynamo_shim: four\n"
 
 
-def test_warn_says_each_message_once_and_returns_whether_it_did(monkeypatch):
-    said = []
-    monkeypatch.setattr(switches, "warned", set())
-    monkeypatch.setattr(switches, "say", lambda message, level="warning": said.append((message, level)))
+def test_warn_says_each_message_once_and_returns_whether_it_did(said):
     assert switches.warn("a") is True and switches.warn("a") is False and switches.warn("b") is True
-    assert said == [("a", "warning"), ("b", "warning")]
+    assert said() == [("WARNING", "a"), ("WARNING", "b")]
+
+
+@pytest.mark.parametrize("raw", ["12.8junk", "12.8rc1", "12.8.post1", "12.8.0.1", "12.8 .1", "v12.8", "12.", ".8"])
+def test_a_value_that_only_begins_like_a_version_is_not_a_cuda_version(raw, applied_with):
+    """FlashInfer's JIT would be told a version nobody asked for (12.8rc1 is a pre-release of 12.8, below it):
+    a value is a version only as a whole, else it is not understood, said so, and the default is used."""
+    status = applied_with(CUDA_VERSION=raw)
+    assert status["applied"], status["problem"]
+    assert status["cuda_version"]["source"] != "environment", status["cuda_version"]
+    assert [line for line in status["warnings"] if switches.CUDA_VERSION in line] == [
+        user_lines.not_understood(switches.CUDA_VERSION, raw)]
+    with pytest.raises(ApplyError, match=f"{switches.CUDA_VERSION}={raw!r} is not understood"):
+        applied_with(CUDA_VERSION=raw, STRICT="1")
+
+
+@pytest.mark.parametrize("raw, told", [("12.8", "12.8"), (" 12.8.1 ", "12.8.1"), ("13.0", "13.0")])
+def test_a_whole_version_is_what_flashinfers_jit_is_told(raw, told, applied_with):
+    status = applied_with(CUDA_VERSION=raw)
+    assert (status["cuda_version"]["source"], status["cuda_version"]["value"], status["warnings"]) == (
+        "environment", told, [])

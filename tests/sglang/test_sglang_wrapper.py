@@ -33,7 +33,7 @@ from _fp4_dynamo_shim.fp4 import replacement as wrapper
 
 import sglang_facts
 import sglang_wrapper  # noqa: E402
-from test_parity import describe  # noqa: E402
+from helpers import describe
 from nvfp4_inputs import nvfp4_input
 
 VERSIONS = sglang_facts.SOURCE_RELEASES

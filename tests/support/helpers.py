@@ -48,3 +48,15 @@ def apply_with(monkeypatch, **environment) -> dict:
     torch._dynamo.reset()
     fp4_dynamo_shim.apply()
     return fp4_dynamo_shim.status()
+
+
+def describe(argument):
+    """One argument of a kernel call as a comparable value: a tensor by shape, strides, dtype, storage size and
+    (for all but large byte tensors) its values; anything else by type and value."""
+    import torch
+
+    if isinstance(argument, torch.Tensor):
+        data = argument.tolist() if argument.dtype != torch.uint8 or argument.numel() < 4096 else None
+        return ("tensor", tuple(argument.shape), argument.stride(), argument.dtype,
+                argument.untyped_storage().nbytes(), data if argument.dtype != torch.uint8 else None)
+    return (type(argument).__name__, argument)

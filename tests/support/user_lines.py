@@ -53,6 +53,13 @@ def variable_lines(variables) -> dict:
             for name, variable in variables.items()}
 
 
+def not_understood(name: str, raw: str) -> str:
+    """What a user is told for ``name=raw``, a value the variable does not take: the reviewed words in the file
+    (written for 'bogus'), so that tests need not spell them again."""
+    reviewed = json.loads(FILE.read_text())["variables"][name]["not_understood"]
+    return reviewed.replace(repr("bogus"), repr(raw), 1)
+
+
 def versions() -> list:
     return ["0.5.2", *sglang_releases.PINS, "0.5.24"]
 

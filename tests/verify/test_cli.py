@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import time
 from pathlib import Path
 
@@ -197,8 +198,8 @@ def test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothi
     def refused(*arguments, **keywords):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(site_files.tempfile, "mkstemp", refused)
-    monkeypatch.setattr(site_files.Path, "unlink", refused)
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    monkeypatch.setattr(Path, "unlink", refused)
     assert cli.main([command, "--site-dir", str(tmp_path)]) == 1
     error = capsys.readouterr().err
     assert f"fp4-dynamo-shim {command}: cannot" in error and str(tmp_path) in error and "Permission denied" in error

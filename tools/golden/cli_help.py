@@ -2,7 +2,7 @@
 
     python tools/golden/cli_help.py            # then read `git diff tests/data/cli_help.txt` and commit it
 
-What goes into the file is tests/support/cli_help.py's, which tests/verify/test_cli_cases.py compares with the code.
+What goes into the file is tests/support/cli_help.py's, which tests/verify/test_cli_commands.py compares with the code.
 """
 
 import sys

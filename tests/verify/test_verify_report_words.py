@@ -6,17 +6,19 @@ here ``cli.main(["verify", ...])`` and the report's helpers are called directly,
 test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
 and environment that ``_print_text`` words are written out here (every field it reads, with values no machine
 here has: two GPUs, a GPU record, a warning), and ``main``'s check list where the test needs a failing or
-raising check; the checks themselves are test_checks.py's.
+raising check; the checks themselves are test_verify_checks_on_cpu.py's.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 import fp4_dynamo_shim
+import verify_text
 from _fp4_dynamo_shim import cli
 from _fp4_dynamo_shim.verify import checks, report
 
@@ -75,6 +77,20 @@ summary: 1 passed, 1 failed, 1 skipped; exit 1
 """
 
 
+def _flashinfer_ops_line(layer) -> str:
+    return verify_text.flashinfer_ops_line(ENVIRONMENT, {**STATUS, "flashinfer_ops": layer})
+
+
+def _rebound_lines(rebound, verbose) -> list:
+    return verify_text.rebound_lines(ENVIRONMENT, {**STATUS, "rebound": rebound}, verbose)
+
+
+def main_runs(monkeypatch, *checks):
+    """main's list of (name, check), stood in where a test needs a check that fails, raises or records its device
+    (the real checks are test_verify_checks_on_cpu.py's)."""
+    monkeypatch.setattr(report, "ordered_checks", lambda: list(checks))
+
+
 def raising(error):
     """A check that raises ``error``."""
     def check(device):
@@ -83,27 +99,27 @@ def raising(error):
 
 
 def test_the_text_report_words_every_field_it_shows(capsys):
-    report._print_text(ENVIRONMENT, STATUS, RESULTS, 1)
+    verify_text.print_report(ENVIRONMENT, STATUS, RESULTS, 1)
     assert capsys.readouterr().out == TEXT
 
 
 def test_verbose_lists_each_module_and_a_package_of_private_names_says_so(capsys):
-    report._print_text(ENVIRONMENT, STATUS, [], 0, verbose=True)
+    verify_text.print_report(ENVIRONMENT, STATUS, [], 0, verbose=True)
     out = capsys.readouterr().out
     assert "  activated by pth; 4 names rebound\n" in out
     assert ("    flashinfer: fp4_quantize\n    flashinfer.quantization: fp4_quantize\n    sglang.x: _private\n"
             "    sglang.y: fp4_quantize\n") in out
     assert "checks\n" not in out and out.endswith("summary: 0 passed, 0 failed, 0 skipped; exit 0\n")
-    assert report._rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
+    assert _rebound_lines(["pkg.a._hidden"], verbose=False) == ["    pkg: 1 module(s): (private names only)"]
     two = ["pkg.a.fp4_quantize", "pkg.a.mm_fp4", "pkg.b.fp4_quantize"]
-    assert report._rebound_lines(two, verbose=True) == ["    pkg.a: fp4_quantize, mm_fp4", "    pkg.b: fp4_quantize"]
-    assert report._rebound_lines(two, verbose=False) == ["    pkg: 2 module(s): fp4_quantize, mm_fp4"]
+    assert _rebound_lines(two, verbose=True) == ["    pkg.a: fp4_quantize, mm_fp4", "    pkg.b: fp4_quantize"]
+    assert _rebound_lines(two, verbose=False) == ["    pkg: 2 module(s): fp4_quantize, mm_fp4"]
 
 
 def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys):
     environment = {**ENVIRONMENT, "gpus": [], "sglang": {"need": None, "note": None}}
     status = {**STATUS, "applied": False, "problem": "switched off", "routes": {"pth": None}, "warnings": []}
-    report._print_text(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
+    verify_text.print_report(environment, status, [report.Result("apply", "skip", "switched off", 0.0)], 2)
     out = capsys.readouterr().out
     assert "  gpu          none visible\n  flashinfer" in out and "  sglang       not installed\n" in out
     assert "shim NOT applied: switched off\nroutes installed: none\nchecks\n" in out
@@ -111,12 +127,14 @@ def test_a_report_without_the_shim_says_why_and_that_nothing_is_installed(capsys
 
 
 def test_the_gpu_record_line_per_gate_and_state():
-    assert report._proven_line({**LAYER, "gate": "sglang"}) == ""
-    assert report._proven_line({**LAYER, "state": "waiting"}) == ""
-    assert report._proven_line({**LAYER, "proven": None}) == \
-        "; no GPU record for the installed FlashInfer: SGLang's calls only"
-    assert report._proven_line({**LAYER, "gate": "all", "proven": None}) == "; no GPU record for the installed FlashInfer"
-    assert report._proven_line({**LAYER, "gate": "all"}).startswith("; GPU record for FlashInfer 0.6.12")
+    registered = "26 of 40 declarations registered"
+    assert _flashinfer_ops_line({**LAYER, "gate": "sglang"}).endswith(registered)
+    assert _flashinfer_ops_line({**LAYER, "state": "waiting"}).endswith(registered)
+    assert _flashinfer_ops_line({**LAYER, "proven": None}).endswith(
+        f"{registered}; no GPU record for the installed FlashInfer: SGLang's calls only")
+    assert _flashinfer_ops_line({**LAYER, "gate": "all", "proven": None}).endswith(
+        f"{registered}; no GPU record for the installed FlashInfer")
+    assert f"{registered}; GPU record for FlashInfer 0.6.12" in _flashinfer_ops_line({**LAYER, "gate": "all"})
 
 
 def test_the_json_document_counts_each_kind_of_result():
@@ -146,12 +164,11 @@ def test_a_check_becomes_a_result_line(monkeypatch):
 
 
 def test_exit_codes_of_main(monkeypatch, capsys):
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("passes", lambda device: "fine"),
-                                                          ("skips", raising(checks.Skip("no")))])
+    main_runs(monkeypatch, ("passes", lambda device: "fine"), ("skips", raising(checks.Skip("no"))))
     assert cli.main(["verify", "--json", "--device", "cpu"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in document["checks"]] == ["passes", "skips"] and document["status"]["applied"]
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("fails", raising(ZeroDivisionError("division by zero")))])
+    main_runs(monkeypatch, ("fails", raising(ZeroDivisionError("division by zero"))))
     assert cli.main(["verify", "--device", "cpu"]) == 1
     captured = capsys.readouterr()
     assert "  FAIL  fails              ZeroDivisionError: division by zero" in captured.out
@@ -205,7 +222,7 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
         seen.append(device)
         return f"ran on {device}"
 
-    monkeypatch.setattr(report, "ordered_checks", lambda: [("one", check)])
+    main_runs(monkeypatch, ("one", check))
     monkeypatch.setattr(checks, "check_baseline", lambda device: seen.append(("baseline", device)) or "shown")
     monkeypatch.setattr(report, "environment", lambda: ENVIRONMENT)
     assert cli.main(["verify", "--json", "--baseline"]) == 0
@@ -226,36 +243,35 @@ def test_main_hands_every_check_and_the_baseline_its_device_and_prints_what_they
 
 
 @pytest.mark.parametrize("outcome", ["applied", "refused", "strict", "switched off"])
-def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, monkeypatch):
-    from _fp4_dynamo_shim import lifecycle
-    from _fp4_dynamo_shim.errors import ApplyError
+def test_the_apply_check_says_what_applying_gave_and_how_long_it_took(outcome, unpatched, monkeypatch):
+    """Refused: a FlashInfer outside the supported range (its installed version stood in at importlib.metadata)."""
+    import importlib.metadata
 
-    routes, real_status = [], lifecycle.status
-
-    def apply(route):
-        routes.append(route)
-        if outcome == "strict":
-            raise ApplyError("FlashInfer 0.5.2 is outside >=0.6.1")
-        return outcome == "applied"
-
-    monkeypatch.setattr(lifecycle, "apply", apply)
-    monkeypatch.setattr(lifecycle, "status", lambda: {**real_status(), "problem": "a refusal",
-                                                      "disabled": outcome == "switched off"})
-    clock = iter([10.0, 11.23456])
-    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    installed = importlib.metadata.version
+    if outcome in ("refused", "strict"):
+        monkeypatch.setattr(importlib.metadata, "version",
+                            lambda name: "0.5.2" if name == "flashinfer-python" else installed(name))
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_STRICT", "1" if outcome == "strict" else "0")
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1" if outcome == "switched off" else "0")
+    clock = iter([10.0])  # the check's start; every later reading, its end included, is 11.23456
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock, 11.23456))
     result = report.apply_shim()
-    assert routes == [report.ROUTE] and result.seconds == 1.23
+    unsupported = fp4_dynamo_shim.status()["problem"]  # the refusal's own words (status() keeps them)
+    if outcome in ("refused", "strict"):
+        assert unsupported.startswith("flashinfer-python 0.5.2 is not supported"), unsupported
     assert (result.name, result.result, result.detail) == {
         "applied": ("apply", "pass", "applied"),
-        "refused": ("apply", "fail", "a refusal"),
-        "strict": ("apply", "fail", "ApplyError: FlashInfer 0.5.2 is outside >=0.6.1"),
-        "switched off": ("apply", "skip", "a refusal"),
+        "refused": ("apply", "fail", unsupported),
+        "strict": ("apply", "fail", f"ApplyError: {unsupported}"),
+        "switched off": ("apply", "skip", "FP4_DYNAMO_SHIM_DISABLE=1 is set: the shim is switched off on every route"),
     }[outcome]
+    assert result.seconds == 1.23 and fp4_dynamo_shim.status()["activated_by"] == (
+        report.ROUTE if outcome == "applied" else None)
 
 
 def test_a_checks_seconds_are_the_clocks_difference_to_a_hundredth(monkeypatch):
     clock = iter([5.0, 7.456])
-    monkeypatch.setattr(report.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     monkeypatch.setattr(torch._dynamo, "reset", lambda: None)
     assert report.run_check("a", lambda device: "x", "cpu").seconds == 2.46
 

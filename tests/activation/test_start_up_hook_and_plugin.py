@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import logging
 import sys
 import types
 
@@ -27,10 +26,9 @@ from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.entry import sglang_plugin, startup
 from _fp4_dynamo_shim.routes import importer
 from fp4_dynamo_shim.errors import ApplyError
+import user_lines
 
-UNDERSTOOD_SWITCH = "1, true, yes or on to switch it on, or 0, false, no, off or unset for off (treated as off)"
-BOGUS_FALLBACK = ("FP4_DYNAMO_SHIM_FALLBACK='bogus' is not understood; use one of error, reference, launch "
-                  "(treated as error)")
+BOGUS_FALLBACK = user_lines.not_understood("FP4_DYNAMO_SHIM_FALLBACK", "bogus")
 
 
 def spelled(value):
@@ -38,27 +36,14 @@ def spelled(value):
     return " ".join(value) if isinstance(value, list) else None
 
 
-def said(caplog) -> list:
-    """(level, line) of everything said on the project's logger, in order."""
-    return [(record.levelname, record.getMessage()) for record in caplog.records if record.name == "fp4_dynamo_shim"]
-
-
 @pytest.fixture
-def fresh_start(monkeypatch, caplog):
+def fresh_start(monkeypatch, hook_not_installed, without_the_export, said):
     """This process as a fresh interpreter's start-up finds it: the hook not installed, no route, the shim not
     applied, no warning said yet, none of the shim's variables set, and a copy of ``sys.meta_path`` to change.
     Whatever the test applies is reverted under its own variables before they are put back."""
-    monkeypatch.setattr(startup, "_installed", False)
-    monkeypatch.setattr(startup, "route", None)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
-    monkeypatch.setattr(switches, "warned", set())
-    # revert() withdraws the FP4_DYNAMO_SHIM=1 the front exported; unset first, it is put back with the rest.
-    monkeypatch.setattr(patching, "_exported", patching._exported)
-    monkeypatch.setattr(patching, "_replaced_value", patching._replaced_value)
     for name in switches.VARIABLES:
         monkeypatch.delenv(name, raising=False)
-    fp4_dynamo_shim.revert()
-    caplog.set_level(logging.INFO, logger="fp4_dynamo_shim")
     yield monkeypatch
     fp4_dynamo_shim.revert()
 
@@ -143,13 +128,13 @@ def test_the_pth_line_is_on_only_when_the_variable_asks_and_the_kill_switch_is_o
     assert startup.enabled_by_environment() is enabled
 
 
-def test_values_the_pth_line_does_not_understand_are_off_and_each_is_warned_once(fresh_start, caplog):
+def test_values_the_pth_line_does_not_understand_are_off_and_each_is_warned_once(fresh_start, said):
     fresh_start.setenv(switches.HOOK, "2")
     fresh_start.setenv(switches.DISABLE, "maybe")
     assert startup.enabled_by_environment() is False
     assert startup.enabled_by_environment() is False
-    assert said(caplog) == [("WARNING", f"FP4_DYNAMO_SHIM='2' is not understood; use {UNDERSTOOD_SWITCH}"),
-                            ("WARNING", f"FP4_DYNAMO_SHIM_DISABLE='maybe' is not understood; use {UNDERSTOOD_SWITCH}")]
+    assert said() == [("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM", "2")),
+                            ("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM_DISABLE", "maybe"))]
 
 
 @pytest.mark.parametrize("hook, route", [("1", "pth"), ("0", None), (None, None)])
@@ -166,12 +151,12 @@ def test_the_pth_line_installs_the_hook_on_the_pth_route_only_when_asked(hook, r
 
 @pytest.mark.parametrize("arguments, route", [((), "sitecustomize"), (("install-hook",), "install-hook")])
 def test_install_with_flashinfer_already_imported_applies_at_once_on_its_route(arguments, route, fresh_start,
-                                                                               caplog):
+                                                                               said):
     """The sitecustomize block calls install() without arguments; the installed .pth names its route."""
     before = list(sys.meta_path)
     startup.install(*arguments)
     assert (startup.route, activated_by()) == (route, route)
-    assert sys.meta_path == before and said(caplog) == []
+    assert sys.meta_path == before and said() == []
 
 
 def test_install_runs_once_per_process(fresh_start):
@@ -195,21 +180,21 @@ def test_install_before_flashinfer_is_imported_puts_one_finder_first_and_applies
     assert sys.meta_path[1:] == before
 
 
-def test_an_unknown_kill_switch_value_is_warned_once_and_the_hook_goes_on(fresh_start, caplog):
+def test_an_unknown_kill_switch_value_is_warned_once_and_the_hook_goes_on(fresh_start, said):
     fresh_start.setenv(switches.DISABLE, "maybe")
     startup.install("pth")
     assert (startup.route, activated_by()) == ("pth", "pth")
-    assert said(caplog) == [("WARNING", f"FP4_DYNAMO_SHIM_DISABLE='maybe' is not understood; use {UNDERSTOOD_SWITCH}")]
+    assert said() == [("WARNING", user_lines.not_understood("FP4_DYNAMO_SHIM_DISABLE", "maybe"))]
 
 
-def test_install_never_raises_strict_modes_refusal_becomes_the_hooks_one_warning(fresh_start, caplog):
+def test_install_never_raises_strict_modes_refusal_becomes_the_hooks_one_warning(fresh_start, said):
     """install() runs from a .pth line or sitecustomize and never raises; with flashinfer already imported,
     strict mode's refusal of a value it does not understand reaches the user as the hook's warning."""
     fresh_start.setenv(switches.STRICT, "1")
     fresh_start.setenv(switches.FALLBACK, "bogus")
     startup.install("pth")
     assert activated_by() is None
-    assert said(caplog) == [("WARNING", f"import hook: installing the import hook failed (ApplyError: {BOGUS_FALLBACK}); "
+    assert said() == [("WARNING", f"import hook: installing the import hook failed (ApplyError: {BOGUS_FALLBACK}); "
                                         "continuing without the shim")]
 
 
@@ -221,15 +206,15 @@ def test_the_post_import_hook_applies_on_the_route_that_installed_it(fresh_start
     assert activated_by() == "install-hook"
 
 
-def test_strict_mode_alone_makes_the_post_import_hook_raise(fresh_start, caplog):
+def test_strict_mode_alone_makes_the_post_import_hook_raise(fresh_start, said):
     fresh_start.setenv(switches.STRICT, "1")
     fresh_start.setenv(switches.FALLBACK, "bogus")
     with pytest.raises(ApplyError) as raised:
         startup._on_flashinfer_imported(flashinfer)
-    assert str(raised.value) == BOGUS_FALLBACK and said(caplog) == []
+    assert str(raised.value) == BOGUS_FALLBACK and said() == []
 
 
-def test_any_other_failure_of_the_post_import_hook_is_one_warning_and_the_program_goes_on(fresh_start, caplog):
+def test_any_other_failure_of_the_post_import_hook_is_one_warning_and_the_program_goes_on(fresh_start, said):
     """A broken install: the implementation's lifecycle module cannot be imported (``None`` in ``sys.modules``
     makes that import raise, as in test_activation's subprocess version of this test)."""
     fresh_start.delattr(_fp4_dynamo_shim, "lifecycle")
@@ -238,7 +223,7 @@ def test_any_other_failure_of_the_post_import_hook_is_one_warning_and_the_progra
         importlib.import_module("_fp4_dynamo_shim.lifecycle")
     startup._on_flashinfer_imported(flashinfer)
     startup._on_flashinfer_imported(flashinfer)
-    assert said(caplog) == [("WARNING", f"import hook: applying the shim failed (ModuleNotFoundError: {broken.value}); "
+    assert said() == [("WARNING", f"import hook: applying the shim failed (ModuleNotFoundError: {broken.value}); "
                                         "continuing without the shim")]
     assert not patching.status()["applied"]
 
@@ -275,7 +260,7 @@ def test_the_finder_leaves_at_flashinfers_import_and_hands_it_to_a_hook_that_app
     assert activated_by() == "pth"
 
 
-def test_a_post_import_hook_that_cannot_be_registered_is_one_warning_and_the_import_goes_on(fresh_start, caplog):
+def test_a_post_import_hook_that_cannot_be_registered_is_one_warning_and_the_import_goes_on(fresh_start, said):
     """wrapt's registration stood in by one that raises (a broken wrapt; the subprocess version in
     test_activation.py breaks wrapt's import itself)."""
     def broken(hook, name):
@@ -286,20 +271,20 @@ def test_a_post_import_hook_that_cannot_be_registered_is_one_warning_and_the_imp
     sys.meta_path.insert(0, finder)
     assert finder.find_spec("flashinfer") is None  # the other finders find flashinfer
     assert finder not in sys.meta_path
-    assert said(caplog) == [("WARNING", "import hook: installing the post-import hook failed "
+    assert said() == [("WARNING", "import hook: installing the post-import hook failed "
                                         "(RuntimeError: wrapt is broken here); continuing without the shim")]
 
 
 # --- the SGLang plugin's line in the scheduler's log -------------------------------------------------------
 
-def test_the_plugin_says_at_info_that_the_shim_is_active_by_which_route_and_what_it_rebound(fresh_start, caplog):
+def test_the_plugin_says_at_info_that_the_shim_is_active_by_which_route_and_what_it_rebound(fresh_start, said):
     version = importlib.metadata.version("flashinfer-python")
     sglang_plugin.plugin()
     bound_after_apply = types.ModuleType("bound_after_apply")  # a module that kept FlashInfer's own function
     bound_after_apply.fp4_quantize = patching.original_function()
     fresh_start.setitem(sys.modules, "bound_after_apply", bound_after_apply)
     sglang_plugin.plugin()
-    assert [line for line in said(caplog) if "SGLang" in line[1]] == [
+    assert [line for line in said() if "SGLang" in line[1]] == [
         ("INFO", f"fp4_dynamo_shim is active in this SGLang process (activated by plugin; flashinfer {version}; "
                  "0 more bindings rebound now)"),
         ("INFO", f"fp4_dynamo_shim is active in this SGLang process (activated by plugin; flashinfer {version}; "
@@ -307,18 +292,18 @@ def test_the_plugin_says_at_info_that_the_shim_is_active_by_which_route_and_what
     ]
 
 
-def test_the_plugin_says_why_the_shim_is_not_active_at_info_when_switched_off(fresh_start, caplog):
+def test_the_plugin_says_why_the_shim_is_not_active_at_info_when_switched_off(fresh_start, said):
     fresh_start.setenv(switches.DISABLE, "1")
     sglang_plugin.plugin()
-    assert said(caplog) == [("INFO", "fp4_dynamo_shim is NOT active in this SGLang process: FP4_DYNAMO_SHIM_DISABLE=1 "
+    assert said() == [("INFO", "fp4_dynamo_shim is NOT active in this SGLang process: FP4_DYNAMO_SHIM_DISABLE=1 "
                                      "is set: the shim is switched off on every route")]
 
 
-def test_the_plugin_warns_why_the_shim_is_not_active_when_it_failed(fresh_start, caplog):
+def test_the_plugin_warns_why_the_shim_is_not_active_when_it_failed(fresh_start, said):
     """A failing kernel load stands in for any failure of apply() (FlashInfer is left untouched)."""
     fresh_start.setattr("_fp4_dynamo_shim.fp4.kernels.load",
                         lambda *arguments: (_ for _ in ()).throw(RuntimeError("boom")))
     sglang_plugin.plugin()
     problem = "RuntimeError: boom; FlashInfer was left untouched"
-    assert said(caplog) == [("WARNING", f"fp4_dynamo_shim not applied: {problem}"),
+    assert said() == [("WARNING", f"fp4_dynamo_shim not applied: {problem}"),
                             ("WARNING", f"fp4_dynamo_shim is NOT active in this SGLang process: {problem}")]

@@ -155,6 +155,14 @@ def test_mxfp4_quantize_carries_the_cuda_and_auto_backends_and_refuses_others(wi
         assert recorder.calls == []
 
 
+@pytest.fixture
+def ops(monkeypatch):
+    """The family's ops, as the members reach them, stood in by a recorder of each call (no GPU kernels here)."""
+    recorder = Recorder()
+    monkeypatch.setattr(family, "op", recorder.op)
+    return recorder
+
+
 class RecordingRecipe:
     """Stands in for ``wrapper.Recipe``: records the input it is asked about and answers code 7."""
 
@@ -178,12 +186,11 @@ BATCHED_AND_EXPERTS = [
 
 @pytest.mark.parametrize("builder, flag, op_name, extra", BATCHED_AND_EXPERTS,
                          ids=[f"{b}-{f}" for b, f, _, _ in BATCHED_AND_EXPERTS])
-def test_the_batched_and_experts_quantizers_ask_the_recipe_about_their_input(monkeypatch, builder, flag, op_name,
-                                                                            extra):
+def test_the_batched_and_experts_quantizers_ask_the_recipe_about_their_input(monkeypatch, ops, builder, flag,
+                                                                            op_name, extra):
     # The recipe decides from the input (FP8 inputs ignore an environment recipe, as FlashInfer's kernels do),
     # so it must be shown the input being quantized.
-    recorder, recipe = Recorder(), RecordingRecipe()
-    monkeypatch.setattr(family, "op", recorder.op)
+    recorder, recipe = ops, RecordingRecipe()
     monkeypatch.setattr(family, "experts_views", lambda values, scales: (values, scales))
     a = torch.ones(2, 4, 32, dtype=torch.bfloat16)
     arguments = dict(a=a, a_global_sf=torch.tensor([2.0]), sf_vec_size=16, nvfp4_4over6=None, **extra)
@@ -193,19 +200,18 @@ def test_the_batched_and_experts_quantizers_ask_the_recipe_about_their_input(mon
     assert name == op_name and args[-1] == 7
 
 
-def test_mxfp4_dequantize_hands_its_op_host_copies_of_real_tensors_and_meta_ones_as_they_are(monkeypatch):
+def test_mxfp4_dequantize_hands_its_op_host_copies_of_real_tensors_and_meta_ones_as_they_are(monkeypatch, ops):
     """FlashInfer copies both inputs to the host before its CPU kernel; so does the shim.
 
     Stand-in: there is no GPU here and a CPU tensor's ``cpu()`` is itself, so ``Tensor.cpu`` is replaced by a
     recorder that hands back a fresh copy; the test shows the copy is made and passed on, not that a CUDA
     tensor lands on the host (tests/gpu/test_gpu_family.py calls mxfp4_dequantize with CUDA tensors)."""
-    recorder, copies, real_cpu = Recorder(), [], torch.Tensor.cpu
+    recorder, copies, real_cpu = ops, [], torch.Tensor.cpu
 
     def cpu(tensor, *args, **kwargs):
         copies.append(real_cpu(tensor, *args, **kwargs).clone())
         return copies[-1]
 
-    monkeypatch.setattr(family, "op", recorder.op)
     monkeypatch.setattr(torch.Tensor, "cpu", cpu)
     a_fp4, a_sf = torch.zeros(2, 16, dtype=torch.uint8), torch.ones(2, 1, dtype=torch.uint8)
     family._mxfp4_dequantize(_context(recorder), dict(a_fp4=a_fp4, a_sf=a_sf))
@@ -220,12 +226,11 @@ def test_mxfp4_dequantize_hands_its_op_host_copies_of_real_tensors_and_meta_ones
 
 
 @pytest.mark.parametrize("device", ["cpu", "meta"])
-def test_mxfp4_dequantize_passes_a_float32_global_scale_whatever_the_default_dtype(monkeypatch, device):
+def test_mxfp4_dequantize_passes_a_float32_global_scale_whatever_the_default_dtype(ops, device):
     # The op's global scale is FlashInfer's float32 one (its kernel reads it through a float pointer); under
     # torch.set_default_dtype(torch.float64) a bare torch.ones would be float64. With ufp8_type 0 the value is
     # not read today, so this holds the call itself, as test_family_table.py's reviewed calls do.
-    recorder = Recorder()
-    monkeypatch.setattr(family, "op", recorder.op)
+    recorder = ops
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:

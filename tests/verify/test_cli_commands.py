@@ -3,16 +3,17 @@
 tests/verify/test_cli.py runs the command line as users install it (a console script in a venv, ``python -m``),
 which costs a child interpreter per case. Here ``cli.main`` is called directly, so each of its branches is held
 cheaply: the help pages against the reviewed text (tests/data/cli_help.txt), ``status``, the hand-over to
-verify, and install-hook/uninstall-hook's messages. Where a case needs a hook command to fail or to report
-something the real writer only does on another machine (a file in the way, two files removed at once),
-``site_files.install_hook``/``uninstall_hook`` are stood in by functions that return or raise what the real
-ones do; the writer itself is held by tests/activation's route tests.
+verify, and install-hook/uninstall-hook's messages with the real writer (and its check, a new interpreter) in
+temporary directories. Where a write must fail, the standard library's ``tempfile.mkstemp``/``Path.unlink`` refuse
+it (this runner is root, which permission bits do not stop); where a directory must be one of this interpreter's
+site directories, ``site.getsitepackages`` says so (the ``sites`` fixture).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,15 @@ def test_status_prints_this_process_status_as_indented_json(from_sys_argv, monke
     assert capsys.readouterr().out == json.dumps(fp4_dynamo_shim.status(), indent=2) + "\n"
 
 
+def test_verify_hands_every_argument_after_it_to_verifys_own_command_line(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["verify", "--json", "--device", "tpu"])  # verify's own parser refuses the device
+    assert exited.value.code == EXIT_USAGE and "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["verify", "--version"])
+    assert exited.value.code == 0 and capsys.readouterr().out == f"fp4-dynamo-shim {fp4_dynamo_shim.__version__}\n"
+
+
 @pytest.mark.parametrize("command", ["install-hook", "uninstall-hook"])
 def test_a_site_dir_that_is_not_a_directory_is_a_usage_error_naming_it(command, tmp_path, capsys):
     missing = tmp_path / "missing"
@@ -66,48 +76,34 @@ def test_a_site_dir_that_is_not_a_directory_is_a_usage_error_naming_it(command, 
     assert f"fp4-dynamo-shim: error: {command}: {missing} is not a directory" in capsys.readouterr().err
 
 
+def refuse(monkeypatch, error):
+    """Every write of the hook's files fails with ``error``, as the system would refuse it."""
+    def refused(*arguments, **keywords):
+        raise error
+
+    monkeypatch.setattr(tempfile, "mkstemp", refused)
+    monkeypatch.setattr(Path, "unlink", refused)
+
+
 @pytest.fixture
-def hook_stand_ins(monkeypatch):
-    """install_hook/uninstall_hook replaced: each records its arguments and returns (or raises) what the test
-    sets, so that main's handling of each outcome is seen without writing anything."""
-    calls, outcome = [], {}
-
-    def stand_in(name):
-        def call(*arguments, **keywords):
-            calls.append((name, arguments, keywords))
-            if isinstance(outcome.get(name), BaseException):
-                raise outcome[name]
-            return outcome.get(name)
-        return call
-
-    monkeypatch.setattr(site_files, "install_hook", stand_in("install"))
-    monkeypatch.setattr(site_files, "uninstall_hook", stand_in("uninstall"))
+def without_the_kill_switch(monkeypatch):
     monkeypatch.delenv("FP4_DYNAMO_SHIM_DISABLE", raising=False)
-    return calls, outcome
 
 
-@pytest.mark.parametrize("flag", [[], ["--sitecustomize"]])
-def test_install_hook_hands_the_site_dir_and_the_sitecustomize_flag_to_the_writer(flag, hook_stand_ins, tmp_path):
-    calls, outcome = hook_stand_ins
-    outcome["install"] = site_files.Installed(tmp_path / "sitecustomize.py", True, "sitecustomize")
+@pytest.mark.parametrize("flag, route", [([], "sitecustomize"), (["--sitecustomize"], "sitecustomize")])
+def test_install_hook_writes_where_it_is_told_and_says_what_it_wrote_then_what_it_found(
+        flag, route, without_the_kill_switch, tmp_path, capsys):
+    """A directory on no site path gets the sitecustomize route, asked for or not: a .pth there would never run."""
     assert cli.main(["install-hook", "--site-dir", str(tmp_path), *flag]) == 0
-    assert calls == [("install", (tmp_path,), {"sitecustomize": bool(flag)})]
+    file = tmp_path / "sitecustomize.py"
+    checked = f"({route} route; checked: a new interpreter runs it)\n"
+    assert capsys.readouterr() == (f"wrote the import hook to {file} {checked}", "")
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path), *flag]) == 0
+    assert capsys.readouterr() == (f"import hook already present in {file} {checked}", "")
 
 
-@pytest.mark.parametrize("changed, verb", [(True, "wrote the import hook to"), (False, "import hook already present in")])
-def test_install_hook_says_what_it_wrote_or_found_and_the_route(changed, verb, hook_stand_ins, tmp_path, capsys):
-    _, outcome = hook_stand_ins
-    outcome["install"] = site_files.Installed(tmp_path / site_files.HOOK_PTH, changed, "pth")
-    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
-    said = capsys.readouterr()
-    assert said.out == f"{verb} {tmp_path / site_files.HOOK_PTH} (pth route; checked: a new interpreter runs it)\n"
-    assert said.err == ""
-
-
-def test_install_hook_under_the_kill_switch_says_the_hook_does_nothing_while_it_is_set(hook_stand_ins, tmp_path,
-                                                                                      monkeypatch, capsys):
-    _, outcome = hook_stand_ins
-    outcome["install"] = site_files.Installed(tmp_path / "sitecustomize.py", True, "sitecustomize")
+def test_install_hook_under_the_kill_switch_says_the_hook_does_nothing_while_it_is_set(tmp_path, monkeypatch,
+                                                                                      capsys):
     monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "yes")
     assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().err == (
@@ -117,18 +113,19 @@ def test_install_hook_under_the_kill_switch_says_the_hook_does_nothing_while_it_
 
 
 @pytest.mark.parametrize("value", ["0", ""])
-def test_there_is_no_kill_switch_note_where_the_switch_is_off(value, monkeypatch):
+def test_there_is_no_kill_switch_note_where_the_switch_is_off(value, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", value)
-    assert cli._kill_switch_note() is None
+    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().err == ""
 
 
-def test_install_hook_that_a_new_interpreter_does_not_run_fails_with_the_writers_words(hook_stand_ins, tmp_path,
-                                                                                       capsys):
-    _, outcome = hook_stand_ins
-    outcome["install"] = site_files.HookNotRunning("the file in the way is /x/sitecustomize.py")
-    assert cli.main(["install-hook", "--site-dir", str(tmp_path)]) == 1
+def test_install_hook_that_a_new_interpreter_does_not_run_fails_with_the_writers_words_and_takes_it_back(
+        sites, without_the_kill_switch, capsys):
+    """A site directory of this process only (stood in): the .pth written there is not read by a new interpreter."""
+    assert cli.main(["install-hook", "--site-dir", str(sites[0])]) == 1
     said = capsys.readouterr()
-    assert said.err == "fp4-dynamo-shim install-hook: the file in the way is /x/sitecustomize.py\n" and said.out == ""
+    assert said.out == "" and said.err.startswith("fp4-dynamo-shim install-hook: ")
+    assert str(sites[0] / site_files.HOOK_PTH) in said.err and list(sites[0].iterdir()) == []
 
 
 @pytest.mark.parametrize("command, error, words", [
@@ -140,36 +137,36 @@ def test_install_hook_that_a_new_interpreter_does_not_run_fails_with_the_writers
     ("uninstall-hook", OSError("the disk went away"), "cannot change {} (the disk went away)"),
 ])
 @pytest.mark.parametrize("given", [True, False])
-def test_a_hook_command_that_cannot_write_names_the_directory_and_the_reason(command, error, words, given,
-                                                                           hook_stand_ins, tmp_path, monkeypatch,
-                                                                           capsys):
-    """The directory named is the one given, or this interpreter's site-packages where none is (stood in)."""
-    _, outcome = hook_stand_ins
-    outcome["install" if command == "install-hook" else "uninstall"] = error
-    monkeypatch.setattr(site_files, "default_site_dir", lambda: Path("/the/default/site-packages"))
-    where = tmp_path if given else Path("/the/default/site-packages")
-    assert cli.main([command, *(["--site-dir", str(tmp_path)] if given else [])]) == 1
+def test_a_hook_command_that_cannot_write_names_the_directory_and_the_reason(command, error, words, given, sites,
+                                                                           without_the_kill_switch, tmp_path,
+                                                                           monkeypatch, capsys):
+    """The directory named is the one given, or this interpreter's first site directory where none is."""
+    where = tmp_path / "given" if given else sites[0]
+    where.mkdir(exist_ok=True)
+    if command == "uninstall-hook":
+        (where / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    refuse(monkeypatch, error)
+    assert cli.main([command, *(["--site-dir", str(where)] if given else [])]) == 1
     said = capsys.readouterr()
     assert said.err == f"fp4-dynamo-shim {command}: {words.format(where)}\n" and said.out == ""
 
 
 @pytest.mark.parametrize("removed", [1, 2])
-def test_uninstall_hook_names_every_file_it_changed(removed, hook_stand_ins, tmp_path, capsys):
-    calls, outcome = hook_stand_ins
-    outcome["uninstall"] = [tmp_path / "sitecustomize.py", tmp_path / site_files.HOOK_PTH][:removed]
+def test_uninstall_hook_names_every_file_it_changed(removed, tmp_path, capsys):
+    files = [tmp_path / site_files.HOOK_PTH, tmp_path / "sitecustomize.py"][:removed]
+    files[0].write_text(site_files.HOOK_PTH_TEXT)
+    if removed == 2:
+        files[1].write_text(site_files.BLOCK)
     assert cli.main(["uninstall-hook", "--site-dir", str(tmp_path)]) == 0
-    assert calls == [("uninstall", (tmp_path,), {})]
-    assert capsys.readouterr().out == "removed the import hook from " + ", ".join(map(str, outcome["uninstall"])) + "\n"
+    assert capsys.readouterr().out == "removed the import hook from " + ", ".join(map(str, files)) + "\n"
+    assert not any(file.exists() for file in files)
 
 
 @pytest.mark.parametrize("given", [True, False])
-def test_uninstall_hook_with_nothing_to_remove_names_where_it_looked(given, hook_stand_ins, tmp_path, monkeypatch,
-                                                                     capsys):
-    _, outcome = hook_stand_ins
-    outcome["uninstall"] = []
-    monkeypatch.setattr(site_files, "default_site_dir", lambda: Path("/the/default/site-packages"))
+def test_uninstall_hook_with_nothing_to_remove_names_where_it_looked(given, sites, tmp_path, capsys):
+    where = tmp_path if given else sites[0]
     assert cli.main(["uninstall-hook", *(["--site-dir", str(tmp_path)] if given else [])]) == 0
-    assert capsys.readouterr().out == f"no import hook in {tmp_path if given else '/the/default/site-packages'}\n"
+    assert capsys.readouterr().out == f"no import hook in {where}\n"
 
 
 def test_install_and_uninstall_hook_for_real_in_a_directory_on_no_site_path(tmp_path, capsys):

@@ -1,7 +1,7 @@
 """The FP4 layer as one record: what ``fp4.layer.apply`` hands each of its steps, what it leaves behind when a
 step fails, and the words its ``skipped()`` and ``describe()`` give ``status()`` for each kind of GPU.
 
-The layer is applied here the way ``lifecycle._apply`` applies it (the installed release's version, its row of
+The layer is applied here the way ``apply()`` applies it (the installed release's version, its row of
 the targets table, the module that defines ``fp4_quantize``, a fallback), with FlashInfer as it is without the
 shim (the ``unpatched`` fixture), and undone by ``layer.undo()`` before the test ends. There is no GPU here:
 where a test needs one, its docstring names what is stood in.
@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import inspect
 import sys
+import types
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ NO_GPU = "JIT build/load: no GPU visible (CPU tensors use the reference quantize
 
 
 def fp4_module():
-    """FlashInfer's module that defines ``fp4_quantize``, as ``lifecycle._apply`` imports it."""
+    """FlashInfer's module that defines ``fp4_quantize``, as ``apply()`` imports it."""
     return importlib.import_module(TARGET.module)
 
 
@@ -186,7 +187,8 @@ def test_a_stood_in_sm90_is_loaded_with_the_fallback_and_its_launcher_configured
         return namespace
 
     monkeypatch.setattr(module, "get_fp4_quantization_module", get_fp4_quantization_module)
-    monkeypatch.setattr(kernels, "visible_device_count", lambda: 1)
+    monkeypatch.setattr(torch.backends.cuda, "is_built", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in H200")
     layer = fp4_layer.apply(VERSION, TARGET, module, "reference")
@@ -277,31 +279,28 @@ def test_the_family_quantizes_through_the_layers_fp4_quantize(unpatched):
 
 
 # --- apply(): FlashInfer's own op -----------------------------------------------------------------------------------
-def test_the_ops_repair_is_undone_with_the_layer_and_reported(unpatched, monkeypatch):
-    """Stand-ins: flashinfer_op.repair and describe (this machine's FlashInfer may have no op to repair), recording
-    what repair was handed and returning a restorer that records its call. undo() runs the restorer before the
-    rebinding is undone, and status() gets describe's words under the op's name."""
+def test_the_ops_repair_is_undone_with_the_layer_and_reported(unpatched):
+    """Where the release has FlashInfer's op, the layer repairs it (on CPU tensors it runs, through the shim's
+    reference) and reports it under the op's name; undo() gives FlashInfer's op its own kernel back, which needs
+    a GPU."""
+    if TARGET.flashinfer_op is None or not flashinfer_op.flashinfer_has_op():
+        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
     module = fp4_module()
-    handed, restored = [], []
-
-    def repair(*args):
-        handed.append(args)
-        return lambda: restored.append(replacement.is_shim(module.fp4_quantize))
-
-    monkeypatch.setattr(flashinfer_op, "repair", repair)
-    monkeypatch.setattr(flashinfer_op, "describe", lambda target: f"repaired for {target.module}")
+    x, scale = nvfp4_input(rows=4, columns=64)
     layer = fp4_layer.apply(VERSION, TARGET, module, "error")
     try:
-        assert len(handed) == 1 and handed[0][0] is TARGET and handed[0][1] is module
-        assert layer.family[OP_KEY] == f"repaired for {TARGET.module}" and len(layer.restorers) == 1
+        assert layer.family[OP_KEY] == flashinfer_op.describe(TARGET)
+        torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, None)
     finally:
         layer.undo()
-    assert restored == [True] and not replacement.is_shim(module.fp4_quantize)
+    assert not replacement.is_shim(module.fp4_quantize)
+    with pytest.raises(Exception, match="cuda"):
+        torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, None)
 
 
 def test_a_release_with_nothing_to_repair_reports_no_op_and_keeps_no_restorer(unpatched, monkeypatch):
-    """Stand-in: flashinfer_op.repair answering None, as it does for a release row or a FlashInfer without the op."""
-    monkeypatch.setattr(flashinfer_op, "repair", lambda *args: None)
+    """Stand-in: FlashInfer's op library without the op, as a release before 0.6.12 has it."""
+    monkeypatch.setattr(torch.ops, "flashinfer", types.SimpleNamespace())
     layer = fp4_layer.apply(VERSION, TARGET, fp4_module(), "error")
     try:
         assert OP_KEY not in layer.family and layer.restorers == []

@@ -1,10 +1,9 @@
 """FlashInfer's torch.ops.flashinfer.fp4_quantize as the shim repairs it, case by case: what the repair's kernel
 hands the launch, the repair and its log line, what status() says per release, and a FlashInfer without the op.
 
-The shim builds the op's kernel once, when it is applied (at import), so the op that test_flashinfer_op.py calls
-through the dispatcher was built before any test ran. Here the kernel is built at test time
-(``flashinfer_op._make_kernel``, ``repair`` through ``revert()``/``apply()``), so what a change to how it is
-built does shows here. The installed FlashInfer (0.7.4) registers the op, so the repair runs on FlashInfer's own
+The shim builds the op's kernel when it is applied (at import), so the op that test_flashinfer_op.py calls
+through the dispatcher was built before any test ran. Here the shim is applied again in each test, so the op is
+repaired, and its kernel built, at test time: what a change to how it is built does shows here. The installed FlashInfer (0.7.4) registers the op, so the repair runs on FlashInfer's own
 op; three things are stood in, each because the installed release or this CPU machine lacks it:
 
 - FlashInfer's JIT entry (it needs a GPU): a recorder of the scalars each launch gets, in front of the CPU
@@ -53,6 +52,10 @@ POSITIONAL = "repaired while applied (its body passes enable_pdl as is_global_sc
 KEYWORD = "repaired while applied (its fake gives contiguous strides for column-major input)"
 
 
+#: FlashInfer's op, called as users and SGLang call it (the dispatcher hands the repaired kernel its arguments).
+OP = torch.ops.flashinfer.fp4_quantize if flashinfer_op.flashinfer_has_op() else None
+
+
 def installed():
     """FlashInfer's FP4 module and the shim's 4over6 recipe handling for it, as ``apply()`` passes them."""
     function = flashinfer.fp4_quantize.__wrapped__
@@ -62,7 +65,10 @@ def installed():
 
 @pytest.fixture
 def launches(device_state):
-    """CPU launches go through a recorder of ``(input shape, scalars)`` to the reference (see the docstring)."""
+    """The shim applied again now (FlashInfer's op repaired in this test); then CPU launches go through a recorder
+    of ``(input shape, scalars)`` to the reference (see the docstring)."""
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
     reference = devices.STATE.launchers[-1]
     calls = []
 
@@ -120,19 +126,17 @@ def test_the_ops_kernel_hands_the_launch_what_flashinfers_function_does(
     x, scale = nvfp4_input(layout=layout)
     if keywords.get("sf_use_ue8m0"):
         scale = None
-    kernel = flashinfer_op._make_kernel(*installed())
     got, want, op_launch, function_launch = both(
-        launches, lambda: kernel(x, scale, *(arguments or ())), lambda: flashinfer.fp4_quantize(x, scale, **keywords))
+        launches, lambda: OP(x, scale, *(arguments or ())), lambda: flashinfer.fp4_quantize(x, scale, **keywords))
     assert same(got, want)
     assert op_launch == function_launch
 
 
-def test_the_ops_kernel_takes_keywords_too(launches):
-    kernel = flashinfer_op._make_kernel(*installed())
+def test_the_op_takes_keywords_too(launches):
     x, scale = nvfp4_input()
     got, want, op_launch, function_launch = both(
         launches,
-        lambda: kernel(input=x, global_scale=scale, is_sf_8x4_layout=True, enable_pdl=True, nvfp4_4over6_code=CODE),
+        lambda: OP(input=x, global_scale=scale, is_sf_8x4_layout=True, enable_pdl=True, nvfp4_4over6_code=CODE),
         lambda: flashinfer.fp4_quantize(x, scale, is_sf_8x4_layout=True, enable_pdl=True, nvfp4_4over6=RECIPE))
     assert same(got, want)
     assert op_launch == function_launch
@@ -153,11 +157,10 @@ def test_the_ops_kernel_refuses_a_4over6_code_where_flashinfers_function_refuses
         launches, dtype, arguments, keywords):
     x, scale = nvfp4_input()
     x = x.to(dtype)
-    kernel = flashinfer_op._make_kernel(*installed())
     with pytest.raises(ValueError) as refused_by_function:
         flashinfer.fp4_quantize(x, scale, **keywords)
     with pytest.raises(ValueError) as refused_by_op:
-        kernel(x, scale, *arguments)
+        OP(x, scale, *arguments)
     assert (type(refused_by_op.value), str(refused_by_op.value)) == \
            (type(refused_by_function.value), str(refused_by_function.value))
     assert launches == []
@@ -167,7 +170,8 @@ def test_the_ops_kernel_refuses_a_4over6_code_where_flashinfers_function_refuses
 @pytest.mark.parametrize("is_sf_8x4_layout", [False, True])
 def test_a_kernel_for_an_op_without_a_4over6_code_launches_standard_nvfp4(launches, enable_pdl, is_sf_8x4_layout):
     """0.6.12 to 0.7.0.post1: the op's seven parameters, no recipe (FlashInfer 0.6.12's module stood in: see the
-    docstring); the kernel hands the launch code 0, as FlashInfer's function with ``nvfp4_4over6=None``."""
+    docstring); the kernel hands the launch code 0, as FlashInfer's function with ``nvfp4_4over6=None``. No public
+    path builds a kernel for another release's module, so it is built here from the repair's own builder."""
     kernel = flashinfer_op._make_kernel(types.SimpleNamespace(), None)
     x, scale = nvfp4_input()
     got, want, op_launch, function_launch = both(

@@ -11,12 +11,16 @@ that a .pth really reaches a child) stays the slow tier's.
 
 from __future__ import annotations
 
+import importlib.metadata
+import multiprocessing
 import os
+import re
 import sys
 import types
 
 import pytest
 
+import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle, switches
 from _fp4_dynamo_shim.verify import workers
 from _fp4_dynamo_shim.verify.checks import Skip
@@ -28,15 +32,21 @@ START_WITH_THE_VARIABLE = ("Start the launch with FP4_DYNAMO_SHIM=1 (checked abo
                            f"`fp4-dynamo-shim install-hook`; {SEE}")
 
 
+def _plain_launch_says(report):
+    """What verify's worker line says of the plain launch's worker that sent ``report``."""
+    line = workers.worker_verdict(report, BY_PTH, [], None)[1]
+    return line[len("plain launch (this environment): "):line.index("; with FP4_DYNAMO_SHIM=1")]
+
+
 @pytest.mark.parametrize("route, words", sorted(workers.ACTIVATED_BY.items()))
 def test_each_route_a_worker_names_is_said_in_words(route, words):
-    assert workers._outcome({"active": True, "activated_by": route}) == "applied by " + words
+    assert _plain_launch_says({"active": True, "activated_by": route}) == "applied by " + words
 
 
 def test_a_route_the_check_does_not_know_and_a_failed_probe_are_said_as_they_are():
-    assert workers._outcome({"active": True, "activated_by": "import"}) == "applied by import"
-    assert workers._outcome({"active": False}) == "NOT applied"
-    assert workers._outcome({"active": False, "error": "ImportError: x"}) == "NOT applied (ImportError: x)"
+    assert _plain_launch_says({"active": True, "activated_by": "import"}) == "applied by import"
+    assert _plain_launch_says({"active": False}) == "NOT applied"
+    assert _plain_launch_says({"active": False, "error": "ImportError: x"}) == "NOT applied (ImportError: x)"
 
 
 def test_a_plain_launch_whose_worker_has_the_shim_passes_whatever_sglang_needs():
@@ -158,92 +168,117 @@ def test_a_plugin_load_that_does_not_apply_the_shim_reports_it_inactive(unpatche
         "plugin_ran": True, "active": False, "error": None}
 
 
-def test_the_check_waits_for_each_probe_ten_minutes_and_for_its_exit_one():
-    calls = []
+class SpawnContext:
+    """Stands in for ``multiprocessing.get_context("spawn")``: its Process records the environment and ``__main__``
+    it was started with (what a spawned child copies) and its Queue answers with the next of ``reports``."""
 
-    class Process:
-        def join(self, timeout):
-            calls.append(("join", timeout))
+    def __init__(self, reports):
+        self.reports, self.started, self.waits = list(reports), [], []
 
-    class Queue:
-        def get(self, timeout):
-            calls.append(("get", timeout))
-            return {"active": True}
+    def get_start_method(self):
+        return "spawn"
 
-    assert workers._probe_report(Process(), Queue()) == {"active": True}
-    assert calls == [("get", 600), ("join", 60)]
+    def Queue(self):
+        context = self
+
+        class Queue:
+            def get(self, timeout):
+                context.waits.append(("get", timeout))
+                return context.reports[self.index]
+
+        return Queue()
+
+    def Process(self, target, args):
+        context = self
+
+        class Process:
+            def start(self):
+                queue, run_plugins = args
+                queue.index = len(context.started)
+                context.started.append((dict(os.environ), run_plugins, sys.modules["__main__"].__name__))
+                assert target is workers.probe_worker
+
+            def join(self, timeout):
+                context.waits.append(("join", timeout))
+
+        return Process()
 
 
 @pytest.fixture
-def probes(monkeypatch):
-    """The check with its two spawned children replaced: records what each would be started with and answers
-    with the reports given in ``probes.reports`` (plain launch first)."""
-    class Probes:
-        started = []
-        reports = [NOT_APPLIED, BY_PTH]
-        routes = {}
-        sglang = "0.5.9"
+def probes(sites, without_the_export, monkeypatch):
+    """The check in a process whose import exported nothing, with its two spawned children stood in (``probes``:
+    a SpawnContext answering with ``probes.reports``, plain launch first), SGLang's installed version set with
+    ``probes.sglang`` and start-up routes written to ``sites``."""
+    context = SpawnContext([NOT_APPLIED, BY_PTH])
+    context.sglang = "0.5.9"
+    version = importlib.metadata.version
 
-    real_status = lifecycle.status
+    def installed(name):
+        if name != "sglang":
+            return version(name)
+        if context.sglang is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return context.sglang
 
-    def status():
-        state = real_status()
-        return {**state, "routes": {**state["routes"], **Probes.routes}}
+    monkeypatch.setattr(multiprocessing, "get_context", lambda method: context)
+    monkeypatch.setattr(importlib.metadata, "version", installed)
+    return context
 
-    def start(context, variables, run_plugins):
-        assert context.get_start_method() == "spawn"  # as SGLang starts its schedulers: nothing of this process
-        Probes.started.append((dict(variables), run_plugins))
-        return len(Probes.started) - 1, None
 
-    # the user's environment without FP4_DYNAMO_SHIM, whatever this process's import or earlier tests exported
-    monkeypatch.delenv(switches.HOOK, raising=False)
-    monkeypatch.setattr(lifecycle, "_exported", False)
-    monkeypatch.setattr(workers.lifecycle, "status", status)
-    monkeypatch.setattr(workers, "_start_probe", start)
-    monkeypatch.setattr(workers, "_probe_report", lambda index, queue: Probes.reports[index])
-    monkeypatch.setattr(workers.sglang_releases, "installed_version", lambda: Probes.sglang)
-    return Probes
+def plugin_installed(monkeypatch, installed=True):
+    entry = importlib.metadata.EntryPoint("fp4_dynamo_shim", "_fp4_dynamo_shim.entry.sglang_plugin:plugin",
+                                          "sglang.srt.plugins")
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [entry] if installed else [])
+
+
+def test_the_check_waits_for_each_probe_ten_minutes_and_for_its_exit_one(probes):
+    with pytest.raises(AssertionError):
+        workers.check_worker_activation("cpu")
+    assert probes.waits == [("get", 600), ("join", 60)] * 2
 
 
 def test_the_check_starts_a_plain_launch_as_the_user_set_it_and_one_with_the_variable(probes, monkeypatch):
     monkeypatch.setenv("SOMETHING_OF_THE_USERS", "kept")
     with pytest.raises(AssertionError) as failed:
         workers.check_worker_activation("cpu")
-    (plain, plain_plugins), (with_variable, variable_plugins) = probes.started
-    assert plain == lifecycle.user_environment() and plain["SOMETHING_OF_THE_USERS"] == "kept"
+    (plain, plain_plugins, main), (with_variable, variable_plugins, _) = probes.started
+    assert plain == dict(os.environ) and plain["SOMETHING_OF_THE_USERS"] == "kept" and switches.HOOK not in plain
     assert with_variable == {**plain, switches.HOOK: "1"}
     assert plain_plugins is variable_plugins is False  # 0.5.9 loads no plugins
+    assert main == "__main__"  # a blank one: the child must not re-run this process's main module
     assert str(failed.value) == workers.worker_verdict(NOT_APPLIED, BY_PTH, [], "0.5.9")[1]
 
 
 @pytest.mark.parametrize("version, runs_plugins", [("0.5.11", True), ("0.5.9", False), ("0.5.24", False),
                                                    (None, False)])
 def test_the_probes_load_sglangs_plugins_where_the_release_does_and_the_plugin_is_installed(
-        probes, version, runs_plugins):
+        probes, version, runs_plugins, monkeypatch):
     probes.sglang = version
     probes.reports = [BY_PTH, BY_PTH]
-    probes.routes = {"plugin": "_fp4_dynamo_shim.entry.sglang_plugin:plugin"}
+    plugin_installed(monkeypatch)
     workers.check_worker_activation("cpu")
-    assert [plugins for _, plugins in probes.started] == [runs_plugins, runs_plugins]
+    assert [plugins for _, plugins, _ in probes.started] == [runs_plugins, runs_plugins]
     probes.started.clear()
-    probes.routes = {"plugin": None}
+    plugin_installed(monkeypatch, installed=False)
     workers.check_worker_activation("cpu")
-    assert [plugins for _, plugins in probes.started] == [False, False]
+    assert [plugins for _, plugins, _ in probes.started] == [False, False]
 
 
 @pytest.mark.parametrize("value, hook, asked", [
-    ("1", None, ["FP4_DYNAMO_SHIM='1'"]),
-    ("2", None, ["FP4_DYNAMO_SHIM='2' (not understood)"]),
-    ("0", None, []),
-    (None, "/site/fp4_dynamo_shim_hook.pth", ["an always-on hook (/site/fp4_dynamo_shim_hook.pth)"]),
-    ("1", "/site/hook.pth", ["FP4_DYNAMO_SHIM='1'", "an always-on hook (/site/hook.pth)"]),
+    ("1", False, ["FP4_DYNAMO_SHIM='1'"]),
+    ("2", False, ["FP4_DYNAMO_SHIM='2' (not understood)"]),
+    ("0", False, []),
+    (None, True, ["an always-on hook ({hook})"]),
+    ("1", True, ["FP4_DYNAMO_SHIM='1'", "an always-on hook ({hook})"]),
 ])
 def test_what_asks_a_plain_launch_for_the_shim_is_read_from_the_users_environment_and_hooks(
-        probes, monkeypatch, value, hook, asked):
-    monkeypatch.setattr(lifecycle, "user_environment",
-                        lambda: {} if value is None else {switches.HOOK: value})
+        probes, sites, monkeypatch, value, hook, asked):
+    if value is not None:
+        monkeypatch.setenv(switches.HOOK, value)
+    if hook:
+        (sites[1] / "fp4_dynamo_shim_hook.pth").write_text("import fp4_dynamo_shim_hook\n")
+        asked = [line.format(hook=sites[1] / "fp4_dynamo_shim_hook.pth") for line in asked]
     probes.sglang = "0.5.14"
-    probes.routes = {"hook_pth": hook, "sitecustomize": None}
     if asked:
         with pytest.raises(AssertionError, match="Start the launch") as failed:
             workers.check_worker_activation("cpu")
@@ -252,38 +287,34 @@ def test_what_asks_a_plain_launch_for_the_shim_is_read_from_the_users_environmen
         assert workers.check_worker_activation("cpu") == workers.worker_verdict(NOT_APPLIED, BY_PTH, [], "0.5.14")[1]
 
 
-def test_a_sitecustomize_hook_counts_as_an_always_on_hook(probes):
+def test_a_sitecustomize_hook_counts_as_an_always_on_hook(probes, sites, monkeypatch):
     probes.sglang = "0.5.14"
-    probes.routes = {"hook_pth": None, "sitecustomize": "/site/sitecustomize.py"}
-    with pytest.raises(AssertionError, match=r"this environment, an always-on hook \(/site/sitecustomize.py\)"):
+    custom = types.ModuleType("sitecustomize")
+    custom.__file__ = str(sites[0] / "sitecustomize.py")
+    (sites[0] / "sitecustomize.py").write_text("import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install()\n")
+    monkeypatch.setitem(sys.modules, "sitecustomize", custom)
+    with pytest.raises(AssertionError, match=f"this environment, an always-on hook \\({re.escape(custom.__file__)}\\)"):
         workers.check_worker_activation("cpu")
 
 
 def test_under_the_kill_switch_the_check_is_skipped_and_starts_nothing(probes, monkeypatch):
-    real_status = workers.lifecycle.status
-    monkeypatch.setattr(workers.lifecycle, "status", lambda: {**real_status(), "disabled": True})
+    monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1")
     with pytest.raises(Skip, match="^FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked$"):
         workers.check_worker_activation("cpu")
     assert probes.started == []
 
 
-def test_a_probe_spawned_for_real_reports_back_what_its_interpreter_did():
-    """One real spawned child per environment, started by the check's own helpers in this process (the slow
-    tier runs the whole check in a venv, out of reach of a generated mutant of these helpers): the child runs
-    only its start-up hooks, as SGLang's schedulers do, so FP4_DYNAMO_SHIM=1 applies the shim there through
-    the package's .pth, and without it only an always-on hook would."""
-    import multiprocessing
-
-    routes = lifecycle.status()["routes"]
+def test_two_workers_spawned_for_real_report_back_what_their_interpreters_did(without_the_export):
+    """Two real spawned children (the slow tier runs the whole check in a venv, out of reach of a generated mutant
+    of the check): a child runs only its start-up hooks, as SGLang's schedulers do, so FP4_DYNAMO_SHIM=1 applies the
+    shim there through the package's .pth, and without it only an always-on hook would."""
+    routes = fp4_dynamo_shim.status()["routes"]
     if not routes["pth"]:
         pytest.skip("the package's .pth is not installed in this environment (run from a pip install)")
-    context = multiprocessing.get_context("spawn")
-    plain = {k: v for k, v in lifecycle.user_environment().items() if k != switches.HOOK}
-    before = dict(os.environ)
-    started = [workers._start_probe(context, variables, False) for variables in (plain, {**plain, switches.HOOK: "1"})]
-    assert dict(os.environ) == before  # the children's environment was this process's only while starting them
-    plain_report, variable_report = [workers._probe_report(*probe) for probe in started]
+    try:
+        line = workers.check_worker_activation("cpu")
+    except AssertionError as failed:  # an SGLang here that needs the shim fails a plain launch: the line is the same
+        line = str(failed)
+    assert "; with FP4_DYNAMO_SHIM=1: applied by the package's .pth hook;" in line
     always_on = bool(routes["hook_pth"] or routes["sitecustomize"])
-    assert plain_report["active"] is always_on
-    assert variable_report["active"] is True and variable_report["activated_by"] == "pth"
-    assert all(not process.is_alive() for process, _ in started)
+    assert line.startswith("plain launch (this environment): NOT applied;") is not always_on, line
