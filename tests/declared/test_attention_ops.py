@@ -143,6 +143,26 @@ def test_compiled_attention_equals_eager_bit_for_bit_and_runs_the_kernel_through
             assert torch.equal(compiled, eager), backend  # a write the schema left out would be lost here
 
 
+@pytest.mark.parametrize("marked", [False, True], ids=["automatic", "mark_dynamic"])
+def test_twenty_decode_steps_with_growing_kv_recompile_at_most_once(attention, marked):
+    """Nothing of the op's arguments becomes a guard beyond the shapes: Dynamo's automatic dynamic shapes recompile
+    once, at the first new length; a KV length marked dynamic recompiles never."""
+    import torch._dynamo.testing
+
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(CALLS["decode"][1], fullgraph=True, backend=counter)
+    q = _inputs("cpu", True)[0]
+    for step in range(20):
+        k, v = (torch.randn(16 + 7 * step, 2, 64, dtype=torch.float16) for _ in range(2))
+        if marked:
+            torch._dynamo.mark_dynamic(k, 0)
+            torch._dynamo.mark_dynamic(v, 0)
+        out, lse = compiled(q, k, v)
+        eager_out, eager_lse = CALLS["decode"][1](q, k, v)
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
+    assert counter.frame_count == (1 if marked else 2)
+
+
 def _op_arguments(op, values: dict) -> list:
     """The op's arguments, by name: the values given, else a neutral value of the schema's type."""
     arguments = []
