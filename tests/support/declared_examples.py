@@ -149,6 +149,15 @@ def _topk_deepseek(device):
     return (scores, bias, 8, 4, 8, 2.5, values, indices, True), {}
 
 
+def _attention(query_rows, **keywords):
+    """8 query heads over 2 KV heads of 128, 256 keys; ``query_rows`` None: one decode query."""
+    def build(device):
+        q = _randn(*(() if query_rows is None else (query_rows,)), 8, 128, device=device)
+        return (q, _randn(256, 2, 128, device=device, seed=1), _randn(256, 2, 128, device=device, seed=2)), {
+            "return_lse": True, **keywords}
+    return build
+
+
 EXAMPLES = (
     Example("flashinfer.norm", "rmsnorm", _norm()),
     Example("flashinfer.norm", "fused_add_rmsnorm", _fused_add, writes=(0, 1)),
@@ -180,6 +189,9 @@ EXAMPLES = (
     Example("flashinfer.cascade", "merge_states", _merge_states),
     Example("flashinfer.cascade", "merge_state_in_place", _merge_state, writes=(0, 1)),
     Example("flashinfer.fused_moe", "fused_topk_deepseek", _topk_deepseek, writes=(6, 7)),
+    Example("flashinfer.decode", "single_decode_with_kv_cache", _attention(None)),
+    # fa2 named: "auto" asks torch.version.cuda, which a CPU-only torch cannot answer (the GPU runs fa3 too)
+    Example("flashinfer.prefill", "single_prefill_with_kv_cache", _attention(64, causal=True, backend="fa2")),
 )
 
 

@@ -20,6 +20,7 @@ import torch
 
 from .. import oplib
 from . import scan as declared
+from . import attention as declared_attention
 from . import codegen as declared_codegen
 from . import rules as declared_rules
 from .codegen import NotExpressible
@@ -184,9 +185,10 @@ class Registrar:
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
-def _build(registrar, declaration, module, getter=None, key=None):
+def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=()):
     """(op object, Op, its index, which fake) for one declaration; raises NotExpressible for a fact of the
-    release, anything else for a failure."""
+    release, anything else for a failure. ``getter_signature`` and ``written``: what the attention table says
+    the getter takes and the function writes, where FlashInfer's text does not say it."""
     index = registrar.count = registrar.count + 1
     if getter is None:
         function = module.__dict__.get(declaration.function)
@@ -196,10 +198,11 @@ def _build(registrar, declaration, module, getter=None, key=None):
         own, getter_signature, bindings = signature(function), None, {f"_target_{index}": function}
     else:
         function = _stub(declaration, module)
-        own, getter_signature = signature(function), signature(getattr(getter, "__wrapped__", getter))
+        own = signature(function)
+        getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
-    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own,
-                               declaration.mutates, getter_signature)
+    mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
+    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature)
     fake, fake_keywords, how = _fake(declaration, module, function)
     target = declared_codegen.target_expression(index, getter_signature, key)
     kernel, fake_function = declared_codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
@@ -233,8 +236,11 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         return
     getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
     namespace, entries, built = _caller_namespace(), {}, 0
+    tabled = {declaration.function: declared_attention.getter_signature(layer.flashinfer, module,
+                                                                         namespace_facts.getter, declaration.function)
+              for declaration, _ in members}
     try:
-        parameters = signature(getter)
+        parameters = next((known for known in tabled.values() if known is not None), None) or signature(getter)
     except NotExpressible as fact:
         for _, outcome in members:
             outcome.refuse(f"{namespace_facts.getter}: {fact}")
@@ -248,7 +254,9 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
             outcome.refuse(f"{namespace_facts.getter}'s namespace does not hold {declaration.function}")
             continue
         try:
-            op_object, op, index, outcome.fake = _build(registrar, declaration, module, getter_object, keys[0])
+            op_object, op, index, outcome.fake = _build(
+                registrar, declaration, module, getter_object, keys[0], tabled[declaration.function],
+                declared_attention.written(layer.flashinfer, namespace_facts.getter, declaration.function))
         except NotExpressible as fact:
             outcome.refuse(str(fact))
             continue

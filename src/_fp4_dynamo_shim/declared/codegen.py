@@ -158,7 +158,12 @@ def _kernel_source(op: Op, index: int, target: str, role: str, keywords: Optiona
     result = f"{target}({arguments})"
     if op.return_adapter is not None:
         result = f"_to_op_{index}({result})"
-    lines.append(f"    return {result}")
+    if op.signature.return_annotation in (None, type(None)):
+        # Annotated None, yet some return their output anyway (single prefill's run returns o): an op whose
+        # schema returns nothing must return None, or the dispatcher raises.
+        lines += [f"    {result}", "    return None"]
+    else:
+        lines.append(f"    return {result}")
     return "\n".join(lines) + "\n"
 
 
