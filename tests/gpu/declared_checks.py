@@ -84,8 +84,8 @@ def check(example) -> dict:
         return {"name": example.name, "present": False}
     args, kwargs = example.arguments("cuda")
 
-    def call(*a):
-        return function(*a, **kwargs)
+    def call(*a, **given):  # the example's keywords, unless the caller passes them again (_run, _graph do)
+        return function(*a, **{**kwargs, **given})
 
     report = {"name": example.name, "present": True}
     eager = _run(function, example, args, kwargs)
