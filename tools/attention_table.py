@@ -76,8 +76,8 @@ def _cpp_parameters(arguments: str, body: str) -> str:
                for name in re.findall(r"\b(\w+)\s*(?:\.value\(\))?\s*\.data_ptr", statement)}
     declared = [d.strip().rsplit(" ", 1) for d in re.sub(r"\s+", " ", arguments.replace(
         "ADDITIONAL_FUNC_PARAMS", "")).split(",")]
-    return " ".join(f"{name}:" + (("w" if name in written or "workspace" in name or name == "tmp" else "r")
-                                  if "TensorView" in kind else "l" if "Array" in kind else "s") for kind, name in declared)
+    return " ".join(f"{name}:" + (("w" if name in written or "workspace" in name or name == "tmp" else "r") if
+                                  "TensorView" in kind else "l" if "Array" in kind else "s") for kind, name in declared)
 
 
 def _getters(function: ast.FunctionDef, methods: list) -> list:

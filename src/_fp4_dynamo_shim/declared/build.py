@@ -20,7 +20,6 @@ import torch
 
 from .. import oplib
 from . import scan as declared
-from . import attention as declared_attention
 from . import codegen as declared_codegen
 from . import rules as declared_rules
 from .codegen import NotExpressible
@@ -236,7 +235,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         return
     getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
     namespace, entries, built = _caller_namespace(), {}, 0
-    tabled = {declaration.function: declared_attention.getter_signature(layer.flashinfer, module,
+    tabled = {declaration.function: declared_rules.attention_getter_signature(layer.flashinfer, module,
                                                                          namespace_facts.getter, declaration.function)
               for declaration, _ in members}
     try:
@@ -256,7 +255,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         try:
             op_object, op, index, outcome.fake = _build(
                 registrar, declaration, module, getter_object, keys[0], tabled[declaration.function],
-                declared_attention.written(layer.flashinfer, namespace_facts.getter, declaration.function))
+                declared_rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function))
         except NotExpressible as fact:
             outcome.refuse(str(fact))
             continue

@@ -1,6 +1,7 @@
 """What the declared-ops layer does with each kind of FlashInfer declaration: the gate's groups, the
 declarations it leaves to other layers or out of scope (with the reason), and the argument types it
-carries across an op boundary although ``torch.library.infer_schema`` does not know them.
+carries across an op boundary although ``torch.library.infer_schema`` does not know them; and, from the attention
+table, what FlashInfer's attention getters take and their run functions write where the source does not say it.
 
 Data, read by ``declared_ops``; a FlashInfer release that changes any of it changes a record here.
 """
@@ -8,10 +9,13 @@ Data, read by ``declared_ops``; a FlashInfer release that changes any of it chan
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import typing
 from typing import Callable, Optional, Tuple
 
 import torch
+
+from . import attention_table
 
 #: The declared functions SGLang's traced paths call raw: on under the default gate.
 #: (module, op name after ``flashinfer::``) -> the SGLang call that reaches it.
@@ -184,3 +188,43 @@ RETURN_ADAPTERS = (
 
 def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
     return _lookup(RETURN_ADAPTERS, annotation)
+
+
+# --- attention ------------------------------------------------------------------------------------------------
+# FlashInfer's attention getters take ``*args`` (``get_single_decode_module(*args)``) or leave ``backend``
+# unannotated (``get_single_prefill_module(backend, *args)``), so their nested run functions cannot become ops
+# from the declarations alone: the per-release table (``attention_table``, generated from each release's Python
+# and C++ sources by tools/attention_table.py) gives each getter's real parameters (those of the ``gen_*``
+# function it forwards them to). Single decode's ``mutates_args=("tmp", "o")`` leaves out ``maybe_lse``, which
+# its C++ run function writes: the table's written tensors are added to what FlashInfer declared.
+
+#: The attention entry points whose public function calls its getter itself, inside the region a user compiles: the
+#: getter's polyfill reaches their run there. The wrappers call theirs in ``plan()``, outside it, and their
+#: ``run`` reaches the module ``plan()`` cached: a getter polyfill never sees it.
+ATTENTION_TRACED = ("single_decode", "single_prefill")
+
+
+def _attention_row(release: Optional[str], getter: str, run: str) -> Optional[dict]:
+    for key in attention_table.RELEASES.get(release, ()):
+        row = attention_table.ROWS[key]
+        if row["getter"] == getter and row["run"] == run and set(row["entry_points"]) & set(ATTENTION_TRACED):
+            return row
+    return None
+
+
+def attention_getter_signature(release: Optional[str], module, getter: str, run: str) -> Optional[inspect.Signature]:
+    """The parameters ``getter`` of ``module`` really takes (for ``run``), or None where the table has no row:
+    compiled from the table's text in the module's globals, where FlashInfer's annotations resolve."""
+    row = _attention_row(release, getter, run)
+    if row is None:
+        return None
+    local: dict = {}
+    exec(compile(f"def {getter}({row['getter_parameters']}): pass", f"<attention_table {release}>", "exec"),
+         module.__dict__, local)
+    return inspect.signature(local[getter], eval_str=True)
+
+
+def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
+    """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
+    row = _attention_row(release, getter, run)
+    return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":w"))
