@@ -12,17 +12,18 @@ MEASURED = ('date', 'machine', 'torch', 'shim', 'functions_passed', 'functions_r
 #: FlashInfer release -> {each of MEASURED, "declarations": {key: {"module", "op", "functions"}}}
 PROVEN = {
     '0.6.12': {
-        'date': '2026-12-03',
+        'date': '2026-12-04',
         'machine': 'NVIDIA H200',
         'torch': '2.11.0+cu130',
-        'shim': 'c94da3d',
-        'functions_passed': 30,
-        'functions_run': 30,
+        'shim': '0f1c2b4',
+        'functions_passed': 32,
+        'functions_run': 32,
         'declarations': {
             'flashinfer.activation.get_act_and_mul_module._act_and_mul': {'module': 'flashinfer.activation', 'op': 'act_and_mul', 'functions': ['activation.silu_and_mul', 'activation.gelu_and_mul', 'activation.gelu_tanh_and_mul']},
             'flashinfer.cascade.merge_state': {'module': 'flashinfer.cascade', 'op': 'merge_state', 'functions': ['cascade.merge_state']},
             'flashinfer.cascade.merge_state_in_place': {'module': 'flashinfer.cascade', 'op': 'merge_state_in_place', 'functions': ['cascade.merge_state_in_place']},
             'flashinfer.cascade.merge_states': {'module': 'flashinfer.cascade', 'op': 'merge_states', 'functions': ['cascade.merge_states']},
+            'flashinfer.decode.get_single_decode_module.run_single_decode': {'module': 'flashinfer.decode', 'op': 'run_single_decode', 'functions': ['decode.single_decode_with_kv_cache']},
             'flashinfer.fused_moe.fused_routing_dsv3.get_dsv3_fused_routing_module.NoAuxTc': {'module': 'flashinfer.fused_moe.fused_routing_dsv3', 'op': 'NoAuxTc', 'functions': ['fused_moe.fused_topk_deepseek']},
             'flashinfer.norm._gemma_rmsnorm_impl': {'module': 'flashinfer.norm', 'op': 'gemma_rmsnorm', 'functions': ['norm.gemma_rmsnorm']},
             'flashinfer.norm._rmsnorm_impl': {'module': 'flashinfer.norm', 'op': 'rmsnorm', 'functions': ['norm.rmsnorm']},
@@ -31,6 +32,7 @@ PROVEN = {
             'flashinfer.norm.gemma_fused_add_rmsnorm': {'module': 'flashinfer.norm', 'op': 'gemma_fused_add_rmsnorm', 'functions': ['norm.gemma_fused_add_rmsnorm']},
             'flashinfer.norm.layernorm': {'module': 'flashinfer.norm', 'op': 'layernorm', 'functions': ['norm.layernorm']},
             'flashinfer.norm.rmsnorm_quant': {'module': 'flashinfer.norm', 'op': 'rmsnorm_quant', 'functions': ['norm.rmsnorm_quant']},
+            'flashinfer.prefill.get_single_prefill_module.run_single_prefill': {'module': 'flashinfer.prefill', 'op': 'run_single_prefill', 'functions': ['prefill.single_prefill_with_kv_cache']},
             'flashinfer.rope._apply_llama31_rope_pos_ids': {'module': 'flashinfer.rope', 'op': 'apply_llama31_rope_pos_ids', 'functions': ['rope.apply_llama31_rope_pos_ids']},
             'flashinfer.rope._apply_rope': {'module': 'flashinfer.rope', 'op': 'apply_rope', 'functions': ['rope.apply_rope']},
             'flashinfer.rope._apply_rope_pos_ids': {'module': 'flashinfer.rope', 'op': 'apply_rope_pos_ids', 'functions': ['rope.apply_rope_pos_ids', 'rope.apply_rope_pos_ids_inplace']},
