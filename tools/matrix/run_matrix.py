@@ -55,6 +55,7 @@ CHECKS = {
     "kernel modes and edges": "tests/fp4/test_kernel_modes.py",
     "FlashInfer's own op": "tests/fp4/test_flashinfer_op.py",
     "FlashInfer's declared ops": "tests/declared/test_declared.py",
+    "attention run parameters": "tests/declared/test_attention_table.py",
 }
 
 REFUSAL_PROBE = """
