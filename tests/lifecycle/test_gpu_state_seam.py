@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from _fp4_dynamo_shim.fp4 import devices
+from _fp4_dynamo_shim.fp4 import devices, kernels
 
 
 @pytest.fixture
@@ -17,23 +17,26 @@ def saved_state():
     devices.replace(**saved)
 
 
-def _launcher(direct=None):
+def _launcher():
     def launch(*arguments):
         pass
 
-    if direct is not None:
-        launch.direct = direct
     return launch
 
 
-def test_configure_sets_every_field_from_what_apply_found(saved_state):
-    with_kernel, without = _launcher(direct=("kernel", True)), _launcher()
-    launchers, family, mm_fp4 = {0: with_kernel, 1: without, -1: without}, {0: ("namespace", "kernel")}, object()
-    devices.configure("row", launchers, family, mm_fp4)
+def _gpu(index, mode="kernel", direct=None, namespace=None):
+    """What kernels.load records for one GPU (its LoadedDevice with the fields configure reads)."""
+    device = kernels.LoadedDevice(index, f"GPU {index}", (10, 0), "100", True, True, mode)
+    return kernels.Gpu(device, _launcher(), direct, namespace)
+
+
+def test_configure_derives_every_lookup_from_one_record_per_gpu(saved_state):
+    with_kernel, without, cpu, mm_fp4 = _gpu(0, direct=("kernel", True), namespace="ns"), _gpu(1, "error"), _launcher(), object()
+    devices.configure("row", [with_kernel, without], cpu, mm_fp4)
     state = devices.STATE
     assert (state.target, state.launchers, state.direct_kernels, state.family_modules, state.mm_fp4) == (
-        "row", launchers, {0: ("kernel", True)}, family, mm_fp4)
-    assert state.launchers is not launchers and state.family_modules is not family  # copies: apply owns its own
+        "row", {0: with_kernel.launch, 1: without.launch, -1: cpu}, {0: ("kernel", True)},
+        {0: ("ns", "kernel"), 1: (None, "error")}, mm_fp4)
 
 
 def test_replace_refuses_a_field_the_record_does_not_have_naming_each(saved_state):
@@ -53,8 +56,9 @@ def test_overridden_puts_the_previous_values_back_even_when_the_block_raises(sav
 
 
 def test_serving_cpu_as_sends_cpu_tensors_down_one_gpus_paths_and_only_those_it_has(saved_state):
-    with_kernel, without = _launcher(direct=("kernel", True)), _launcher()
-    devices.configure("row", {0: with_kernel, 1: without, -1: "reference"}, {}, None)
-    assert devices.serving_cpu_as(0) == {"launchers": {0: with_kernel, 1: without, -1: with_kernel},
+    with_kernel, without = _gpu(0, direct=("kernel", True)), _gpu(1, "reference")
+    devices.configure("row", [with_kernel, without], "reference", None)
+    launchers = {0: with_kernel.launch, 1: without.launch}
+    assert devices.serving_cpu_as(0) == {"launchers": {**launchers, -1: with_kernel.launch},
                                          "direct_kernels": {0: ("kernel", True), -1: ("kernel", True)}}
-    assert devices.serving_cpu_as(1) == {"launchers": {0: with_kernel, 1: without, -1: without}}
+    assert devices.serving_cpu_as(1) == {"launchers": {**launchers, -1: without.launch}}

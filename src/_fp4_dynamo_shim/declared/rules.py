@@ -15,6 +15,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
+from .. import oplib
 from . import attention_table
 
 #: The declared functions SGLang's traced paths call raw: on under the default gate.
@@ -218,9 +219,8 @@ def attention_getter_signature(release: Optional[str], module, getter: str, run:
     row = _attention_row(release, getter, run)
     if row is None:
         return None
-    local: dict = {}
-    exec(compile(f"def {getter}({row['getter_parameters']}): pass", f"<attention_table {release}>", "exec"),
-         module.__dict__, local)
+    local = oplib.run_source(f"def {getter}({row['getter_parameters']}): pass", f"<attention_table {release}>",
+                             module.__dict__, {})
     return inspect.signature(local[getter], eval_str=True)
 
 
