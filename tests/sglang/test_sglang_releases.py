@@ -146,7 +146,11 @@ def test_pins_as_issue_18_read_them(version, torch_pin, flashinfer_pin, kernel_p
 
 
 def test_covered_raw_calls_are_exactly_the_ones_the_shim_puts_behind_an_op():
-    members = {member.name for member in family.MEMBERS} | {"fp4_quantize"}
+    """The FP4 layer's functions, and the declarations the declared-ops layer registers under its default gate
+    for SGLang's raw calls."""
+    from _fp4_dynamo_shim.declared import rules
+
+    members = {member.name for member in family.MEMBERS} | {"fp4_quantize"} | {name for _, name in rules.SGLANG}
     for row in sglang_releases.SGLANG_RELEASES:
         for call in row.raw_calls:
             assert call.covered == (call.function in members), call
@@ -163,11 +167,11 @@ def test_the_need_line(version, says):
     assert sglang_releases.need(version, sglang_releases.release_for(version)) == says
 
 
-def test_the_need_line_names_the_opt_in_path_and_what_the_shim_does_not_cover():
+def test_the_need_line_names_the_opt_in_path_and_every_raw_call_it_covers():
     line = sglang_releases.need("0.5.21", sglang_releases.release_for("0.5.21"))
     assert "not needed on its default path" in line
     assert "needed with --cuda-graph-backend-prefill tc_piecewise for silu_and_mul_scaled_nvfp4_experts_quantize" in line
-    assert "NOT covered by the shim: rmsnorm_quant" in line
+    assert "rmsnorm_quant in the RMSNorm + FP8 quant fusion" in line and "NOT covered" not in line
 
 
 def test_a_release_newer_than_the_table_is_unknown_not_harmless():

@@ -367,9 +367,10 @@ MODEL_FAMILIES = [
                          "under fullgraph without the shim, traces with it",
         "0.5.22-0.5.23": "read: the raw call remains; no torch.compile prefill graph to trace it"}),
     ("FP8 per-tensor checkpoints (RMSNorm + FP8 quant)", {
-        "0.5.15-0.5.18": "read: 0.5.18 calls `flashinfer.norm.rmsnorm_quant` raw; with tc_piecewise NOT covered by "
-                         "the shim (not an FP4 function)",
-        "0.5.19-0.5.21": "read: as 0.5.18: NOT covered by the shim", "0.5.22-0.5.23": _NO_COMPILE}),
+        "0.5.15-0.5.18": "read: 0.5.18 calls `flashinfer.norm.rmsnorm_quant` raw; with tc_piecewise covered by the "
+                         "declared-ops layer's default gate (an op on every release; GPU-proven on 0.6.3 and 0.6.12, "
+                         "not on the 0.6.17-0.6.18 these releases pin)",
+        "0.5.19-0.5.21": "read: as 0.5.18: covered by the default gate", "0.5.22-0.5.23": _NO_COMPILE}),
     ("GLM-5 / DeepSeek-V3.2 (NSA)", {
         "0.5.9": "read: fails after the shim, in SGLang's NSA indexer (`Tensor.item()` on `seq_lens_cpu`, a raw "
                  "`flashinfer.norm.layernorm`, the JIT hadamard, deep_gemm, a split op without `topk_indices`)",

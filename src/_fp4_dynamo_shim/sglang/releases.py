@@ -29,7 +29,8 @@ class RawCall:
     function: str
     #: Where, and on which hardware or checkpoint.
     where: str
-    #: The shim puts it behind a custom op (``fp4_quantize`` or a member of ``family.MEMBERS``).
+    #: The shim puts it behind a custom op under the default settings: ``fp4_quantize``, a member of
+    #: ``family.MEMBERS``, or a declaration the declared-ops layer's default gate registers (SGLang's raw calls).
     covered: bool
 
 
@@ -84,7 +85,7 @@ _QWEN3_5_MLP = RawCall("silu_and_mul_scaled_nvfp4_experts_quantize", "the Qwen3.
 #: 0.5.10 reorganised the compile path (no set_compiled): verify's small check does not drive it there;
 #: tests/gpu/test_gpu_engine.py runs 0.5.11's real engine instead.
 _REORGANISED = "the compile path has no set_compiled: verify's sglang-compile check does not drive it"
-_RMSNORM_QUANT = RawCall("rmsnorm_quant", "the RMSNorm + FP8 quant fusion of FP8 per-tensor checkpoints", False)
+_RMSNORM_QUANT = RawCall("rmsnorm_quant", "the RMSNorm + FP8 quant fusion of FP8 per-tensor checkpoints", True)
 
 SGLANG_RELEASES = (
     SglangRelease(SpecifierSet("<0.5.3.post2"), "none", None, "call-time", False, False, False),
