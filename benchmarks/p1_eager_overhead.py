@@ -31,9 +31,9 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.fp4 import flashinfer_op
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import kernels as preload
+from _fp4_dynamo_shim.fp4 import quantize_op
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.fp4 import kernels
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
 from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ratio, now, stand_in_sm100, timed,  # noqa: E402
@@ -42,9 +42,9 @@ from common import (add_save_option, cpu_as_stand_in_gpu, environment, median_ra
 
 def _floor(x, scale):
     """Two allocations and the raw JIT entry with the release's argument order: the least any path can do."""
-    target = ops.active_target()
+    target = quantize_op.active_target()
     module = sys.modules[target.module]
-    jit = preload.jit_module_of(module.get_fp4_quantization_module(
+    jit = kernels.jit_module_of(module.get_fp4_quantization_module(
         "%d%d" % torch.cuda.get_device_capability(x.device if x.is_cuda else None)))
     values = dict(sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True, is_sf_8x4_layout=False,
                   is_global_scale_inversed=False, enable_pdl=True, nvfp4_4over6_code=0)
@@ -86,7 +86,7 @@ def main() -> int:
         return 2
     import flashinfer
 
-    shim, original = flashinfer.fp4_quantize, patching.original_function()
+    shim, original = flashinfer.fp4_quantize, lifecycle.original_function()
     has_op, sglang_op = flashinfer_op.flashinfer_has_op(), _sglang_op()
     rows_out, results = [], []
     for columns in options.columns:

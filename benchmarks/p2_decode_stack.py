@@ -19,7 +19,7 @@ import time
 import torch
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import add_save_option, environment, now, table, write  # noqa: E402
@@ -89,7 +89,7 @@ def main() -> int:
         return 2
     import flashinfer
 
-    original = patching.original_function()
+    original = lifecycle.original_function()
     eager_stack = DecodeStack(original, options.layers, options.hidden)
     shim_stack = DecodeStack(flashinfer.fp4_quantize, options.layers, options.hidden)
     shim_stack.load_state_dict(eager_stack.state_dict())

@@ -100,14 +100,14 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("needs a GPU (it builds an emulation kernel for it)", file=sys.stderr)
         return 2
-    from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
+    from _fp4_dynamo_shim.fp4 import arithmetic
 
     module = build()
     rows, results = [], []
     for kind in ("uniform", "normal"):
         for seed in range(options.seeds):
             x, scale = inputs(kind, options.blocks, seed)
-            want_packed, want_sf = fp4_arithmetic.quantize(x, scale, 16, False)
+            want_packed, want_sf = arithmetic.quantize(x, scale, 16, False)
             for exact in (False, True):
                 packed, sf = module.run(x, scale, exact)
                 torch.cuda.synchronize()

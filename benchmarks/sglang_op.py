@@ -47,7 +47,7 @@ def main() -> int:
     options = parser.parse_args()
 
     import fp4_dynamo_shim
-    from _fp4_dynamo_shim import lifecycle as patching
+    from _fp4_dynamo_shim import lifecycle
 
     if options.device == "cpu":
         stand_in_sm100()
@@ -57,7 +57,7 @@ def main() -> int:
     import flashinfer
     import sglang_wrapper
 
-    shim, original = flashinfer.fp4_quantize, patching.original_function()
+    shim, original = flashinfer.fp4_quantize, lifecycle.original_function()
     sm100 = options.device == "cuda" and torch.cuda.get_device_capability()[0] == 10
     loaded = sglang_wrapper.load(options.sglang, sm100=sm100, cpu_kernel=options.device == "cpu")
     fp4_utils, op = loaded.fp4_utils, torch.ops.sglang.flashinfer_fp4_quantize

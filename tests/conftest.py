@@ -21,7 +21,7 @@ import stand_in_gpu
 import venvs
 from _fp4_dynamo_shim.entry import sglang_plugin
 from _fp4_dynamo_shim.fp4 import devices
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.settings import Settings
 
 if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tools/mutation/run_mutmut.py)
@@ -55,7 +55,7 @@ def _fresh_dynamo_and_applied_shim():
     assert fp4_dynamo_shim.apply(), fp4_dynamo_shim.status()["problem"]
     yield
     torch._dynamo.reset()
-    applied = patching._applied
+    applied = lifecycle._applied
     if applied is not None and applied.settings != Settings.from_environment():
         fp4_dynamo_shim.revert()  # a test changed FP4_DYNAMO_SHIM_* and monkeypatch has put it back
     if not fp4_dynamo_shim.status()["applied"]:

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.verify import workers as checks
-from _fp4_dynamo_shim.routes import site_files as hook
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.verify import report as verify
+from _fp4_dynamo_shim.verify import workers
+from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.verify import report
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,27 +33,27 @@ def test_the_worker_activation_examples_are_what_verify_prints_for_them():
     shown = re.findall(r"^  (PASS|FAIL)  worker-activation  (.*)$", USAGE, re.M)
     printed = []
     for plain, with_variable, asked, sglang in WORKER_EXAMPLES:
-        passed, detail = checks.worker_verdict(plain, with_variable, asked, sglang)
+        passed, detail = workers.worker_verdict(plain, with_variable, asked, sglang)
         # verify prints a failed check as its exception's first line: "AssertionError: ..."
         printed.append(("PASS", detail) if passed else ("FAIL", f"AssertionError: {detail}"))
     assert shown == printed
 
 
 def test_every_route_a_worker_can_report_is_named_in_the_docs():
-    for words in checks.ACTIVATED_BY.values():
+    for words in workers.ACTIVATED_BY.values():
         assert f"`{words}`" in USAGE, words
     activated_by = re.search(r"`activated_by` \((.*?`apply\(\)`)\)", USAGE, re.S).group(1)
-    for route in (*checks.ACTIVATED_BY, "import", verify.ROUTE, "apply()"):
+    for route in (*workers.ACTIVATED_BY, "import", report.ROUTE, "apply()"):
         assert f"`{route}`" in activated_by, route
 
 
 def test_every_key_of_verify_json_and_of_status_is_described():
-    document = verify.json_document({}, {}, "cpu", [], 0)
+    document = report.json_document({}, {}, "cpu", [], 0)
     described = USAGE.split("`--json` prints one document with", 1)[1].split("## ", 1)[0]
     for key in document:
         assert f"`{key}`" in described, key
     keys = USAGE.split("`status()` always has these keys", 1)[1].split("\n\n", 1)[0]
-    for key in patching.STATUS_KEYS:
+    for key in lifecycle.STATUS_KEYS:
         assert f"`{key}`" in keys, key
 
 
@@ -65,7 +65,7 @@ def test_the_docs_cite_no_issue_numbers():
 
 def test_a_hand_written_sitecustomize_that_calls_the_hook_is_listed_in_routes(tmp_path):
     """The documented one-liner, written by hand, applies the shim; status()["routes"] must say so."""
-    (tmp_path / "sitecustomize.py").write_text(f"import os\n{hook.ONE_LINER}\n")
+    (tmp_path / "sitecustomize.py").write_text(f"import os\n{site_files.ONE_LINER}\n")
     code = ("import json, flashinfer, fp4_dynamo_shim; s = fp4_dynamo_shim.status(); "
             "print(json.dumps([s['routes']['sitecustomize'], s['activated_by']]))")
     result = run_python(code, extra_path=str(tmp_path))

@@ -25,7 +25,7 @@ from .errors import ApplyError
 from .fp4 import layer as fp4_layer
 from .fp4 import parts as fp4_parts
 from .fp4 import releases as targets
-from .routes import site_files as hook
+from .routes import site_files
 from .settings import Settings
 from .sglang import releases as sglang_releases
 
@@ -191,12 +191,12 @@ def export_for_children() -> None:
             switches.warn(f"import fp4_dynamo_shim set {switches.HOOK}=1 for child processes in place of "
                        f"{value!r}, which the import hook does not understand (children would run without "
                        "the shim); revert() puts it back")
-    routes = hook.installed_routes()
+    routes = site_files.installed_routes()
     if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
         plugin = sglang_releases.plugin_entry_point()
         switches.warn(
             f"import fp4_dynamo_shim exports {switches.HOOK}=1 for child processes, but no import hook is installed "
-            f"where they start (no {hook.PACKAGE_PTH} or {hook.HOOK_PTH} in {', '.join(map(str, hook.site_dirs())) or 'any site directory'}"
+            f"where they start (no {site_files.PACKAGE_PTH} or {site_files.HOOK_PTH} in {', '.join(map(str, site_files.site_dirs())) or 'any site directory'}"
             + (f"; {routes['sitecustomize_shadowed_by']} shadows the sitecustomize block" if routes["sitecustomize_shadowed_by"] else "")
             + "), so spawned workers such as SGLang's schedulers will not apply the shim"
             + (" (the SGLang plugin still does, on SGLang >= 0.5.11)" if plugin else "")
@@ -297,7 +297,7 @@ def status() -> dict:
             "fallback": settings.fallback,
             "strict": settings.strict,
             "warnings": list(settings.problems),
-            "routes": {**hook.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
+            "routes": {**site_files.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
             "children": {switches.HOOK: os.environ.get(switches.HOOK), "exported_by_import": _exported},
             "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
             "skipped": None, "flashinfer_ops": None,

@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.routes import site_files as hook
-from _fp4_dynamo_shim.sglang import releases as sglang_releases
+from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.sglang import releases
 
 
 @pytest.fixture(scope="session")
@@ -117,20 +117,20 @@ def test_a_hook_that_raises_when_flashinfer_is_imported_does_not_stop_the_progra
 def test_install_and_uninstall_hook_round_trip_keeps_an_existing_sitecustomize(tmp_path):
     existing = "import os\nos.environ.setdefault('SOMETHING', 'kept')\n"
     (tmp_path / "sitecustomize.py").write_text(existing)
-    installed = hook.install_hook(tmp_path)
+    installed = site_files.install_hook(tmp_path)
     path = tmp_path / "sitecustomize.py"
-    assert installed == hook.Installed(path, True, "sitecustomize")  # not a site directory: the block route
+    assert installed == site_files.Installed(path, True, "sitecustomize")  # not a site directory: the block route
     text = path.read_text()
-    assert text.startswith(existing) and hook.BEGIN in text and text.count(hook.BEGIN) == 1
-    assert hook.install_hook(tmp_path) == hook.Installed(path, False, "sitecustomize") and path.read_text() == text
-    assert hook.uninstall_hook(tmp_path) == [path]
+    assert text.startswith(existing) and site_files.BEGIN in text and text.count(site_files.BEGIN) == 1
+    assert site_files.install_hook(tmp_path) == site_files.Installed(path, False, "sitecustomize") and path.read_text() == text
+    assert site_files.uninstall_hook(tmp_path) == [path]
     assert path.read_text() == existing
-    assert hook.uninstall_hook(tmp_path) == []
+    assert site_files.uninstall_hook(tmp_path) == []
 
 
 def test_uninstall_removes_a_sitecustomize_that_only_held_the_hook(tmp_path):
-    hook.install_hook(tmp_path)
-    assert hook.uninstall_hook(tmp_path) and not (tmp_path / "sitecustomize.py").exists()
+    site_files.install_hook(tmp_path)
+    assert site_files.uninstall_hook(tmp_path) and not (tmp_path / "sitecustomize.py").exists()
 
 
 def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
@@ -149,7 +149,7 @@ def test_sglang_plugin_rebinds_an_original_bound_after_the_shim_applied(tmp_path
     """A lazy loader cached FlashInfer's function before the shim applied; a module bound it afterwards.
     apply() has already run (the hook did it), so only the plugin's rescan can reach that binding."""
     import fp4_dynamo_shim
-    from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+    from _fp4_dynamo_shim.entry import sglang_plugin
 
     (tmp_path / "lazy_loader.py").write_text(
         "import functools\n@functools.cache\ndef fp4():\n    from flashinfer import fp4_quantize\n    return fp4_quantize\n")
@@ -162,7 +162,7 @@ def test_sglang_plugin_rebinds_an_original_bound_after_the_shim_applied(tmp_path
     import late_layer
     try:
         assert late_layer.fp4_quantize is original
-        sglang.plugin()
+        sglang_plugin.plugin()
         assert getattr(late_layer.fp4_quantize, "__fp4_dynamo_shim__", False)
     finally:
         sys.modules.pop("late_layer", None)
@@ -191,7 +191,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
     ("0.5.12", True, False), ("0.5.13.post1", True, False), ("0.5.14", True, False), ("0.5.23", True, False),
 ])
 def test_sglang_releases_are_described_from_the_table(version, wraps, check):
-    release = sglang_releases.release_for(version)
+    release = releases.release_for(version)
     assert (release.fp4_quantize_binding == "sglang-op", release.compile_path_check) == (wraps, check)
 
 

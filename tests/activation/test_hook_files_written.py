@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from _fp4_dynamo_shim.routes import site_files as hook
+from _fp4_dynamo_shim.routes import site_files
 
-BEGIN, END, BLOCK = hook.BEGIN, hook.END, hook.BLOCK
+BEGIN, END, BLOCK = site_files.BEGIN, site_files.END, site_files.BLOCK
 
 
 @pytest.fixture
@@ -67,21 +67,21 @@ def users_sitecustomize(tmp_path, monkeypatch) -> Path:
 
 def test_the_pth_route_writes_one_import_line_and_a_second_install_changes_nothing(site_packages):
     directory = site_packages[1]
-    path = directory / hook.HOOK_PTH
-    assert hook.install_hook(directory, check=False) == hook.Installed(path, True, "pth")
+    path = directory / site_files.HOOK_PTH
+    assert site_files.install_hook(directory, check=False) == site_files.Installed(path, True, "pth")
     text = path.read_text()
-    assert text == hook.HOOK_PTH_TEXT and sorted(os.listdir(directory)) == [hook.HOOK_PTH]
+    assert text == site_files.HOOK_PTH_TEXT and sorted(os.listdir(directory)) == [site_files.HOOK_PTH]
     assert text.startswith("import ") and text.count("\n") == 1  # site.py runs a .pth line only if it starts so
-    assert hook.install_hook(directory, check=False) == hook.Installed(path, False, "pth")
+    assert site_files.install_hook(directory, check=False) == site_files.Installed(path, False, "pth")
     assert path.read_text() == text
     path.write_text("import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install()\n")  # another, older line
-    assert hook.install_hook(directory, check=False) == hook.Installed(path, True, "pth")
+    assert site_files.install_hook(directory, check=False) == site_files.Installed(path, True, "pth")
     assert path.read_text() == text
 
 
 def test_asking_for_sitecustomize_in_a_site_directory_writes_the_block_and_no_pth(site_packages):
     path = site_packages[0] / "sitecustomize.py"
-    assert hook.install_hook(site_packages[0], sitecustomize=True, check=False) == hook.Installed(
+    assert site_files.install_hook(site_packages[0], sitecustomize=True, check=False) == site_files.Installed(
         path, True, "sitecustomize")
     assert path.read_text() == BLOCK and sorted(os.listdir(site_packages[0])) == ["sitecustomize.py"]
 
@@ -96,9 +96,9 @@ def test_the_sitecustomize_block_follows_the_users_lines_after_one_blank_line(ex
     path = tmp_path / "sitecustomize.py"
     if existing is not None:
         path.write_text(existing)
-    assert hook.install_hook(tmp_path, check=False) == hook.Installed(path, True, "sitecustomize")
+    assert site_files.install_hook(tmp_path, check=False) == site_files.Installed(path, True, "sitecustomize")
     assert path.read_text() == written
-    assert hook.install_hook(tmp_path, check=False) == hook.Installed(path, False, "sitecustomize")
+    assert site_files.install_hook(tmp_path, check=False) == site_files.Installed(path, False, "sitecustomize")
     assert path.read_text() == written and sorted(os.listdir(tmp_path)) == ["sitecustomize.py"]
 
 
@@ -108,19 +108,19 @@ def test_installing_into_something_that_is_not_a_directory_names_it_and_writes_n
     if kind == "a file":
         target.write_text("")
     with pytest.raises(FileNotFoundError, match=re.escape(f"{target} is not a directory")):
-        hook.install_hook(target, check=False)
+        site_files.install_hook(target, check=False)
     assert sorted(os.listdir(tmp_path)) == ([] if kind == "missing" else ["site-packages"])
 
 
 # --- the default directory -------------------------------------------------------------------------------------
 
 def test_without_a_directory_both_commands_use_the_first_site_directory(site_packages):
-    path = site_packages[0] / hook.HOOK_PTH
-    assert hook.default_site_dir() == site_packages[0]
-    assert hook.install_hook(check=False) == hook.Installed(path, True, "pth")
+    path = site_packages[0] / site_files.HOOK_PTH
+    assert site_files.default_site_dir() == site_packages[0]
+    assert site_files.install_hook(check=False) == site_files.Installed(path, True, "pth")
     assert os.listdir(site_packages[1]) == []
-    assert hook.uninstall_hook() == [path] and os.listdir(site_packages[0]) == []
-    assert hook.uninstall_hook() == [] and os.listdir(site_packages[0]) == []
+    assert site_files.uninstall_hook() == [path] and os.listdir(site_packages[0]) == []
+    assert site_files.uninstall_hook() == [] and os.listdir(site_packages[0]) == []
 
 
 @pytest.mark.parametrize("how", ["no site directories", "a site.py without getsitepackages"])
@@ -128,8 +128,8 @@ def test_without_site_directories_the_default_is_this_interpreters_purelib(how, 
     """Old virtualenv releases shipped a site.py without ``getsitepackages``."""
     if how != "no site directories":
         monkeypatch.delattr(site, "getsitepackages")
-    assert hook.site_dirs() == []
-    assert hook.default_site_dir() == Path(sysconfig.get_paths()["purelib"])
+    assert site_files.site_dirs() == []
+    assert site_files.default_site_dir() == Path(sysconfig.get_paths()["purelib"])
 
 
 def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last(tmp_path, monkeypatch):
@@ -140,9 +140,9 @@ def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last
     monkeypatch.setattr(site, "getsitepackages", lambda: [str(real), str(tmp_path / "gone"), str(tmp_path / "alias")])
     monkeypatch.setattr(site, "getusersitepackages", lambda: str(user))
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
-    assert hook.site_dirs() == [real, user]
+    assert site_files.site_dirs() == [real, user]
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
-    assert hook.site_dirs() == [real]
+    assert site_files.site_dirs() == [real]
 
 
 # --- uninstall -------------------------------------------------------------------------------------------------
@@ -160,8 +160,8 @@ def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last
 def test_uninstall_keeps_the_users_own_sitecustomize_lines_byte_for_byte(before, after, tmp_path):
     path = tmp_path / "sitecustomize.py"
     path.write_text(before + BLOCK + after)
-    (tmp_path / hook.HOOK_PTH).write_text(hook.HOOK_PTH_TEXT)
-    assert hook.uninstall_hook(tmp_path) == [tmp_path / hook.HOOK_PTH, path]
+    (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    assert site_files.uninstall_hook(tmp_path) == [tmp_path / site_files.HOOK_PTH, path]
     assert path.read_bytes() == (before + after).encode()
     assert sorted(os.listdir(tmp_path)) == ["sitecustomize.py"]
 
@@ -171,11 +171,11 @@ def test_uninstall_refuses_a_block_whose_end_marker_is_gone_naming_the_file_and_
     path = tmp_path / "sitecustomize.py"
     broken = "import os\n" + BLOCK.replace(END, "# edited by hand")
     path.write_text(broken)
-    (tmp_path / hook.HOOK_PTH).write_text(hook.HOOK_PTH_TEXT)
+    (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     with pytest.raises(ValueError) as raised:
-        hook.uninstall_hook(tmp_path)
+        site_files.uninstall_hook(tmp_path)
     assert str(raised.value) == f"{path}: found {BEGIN!r} without {END!r}; fix the file by hand"
-    assert path.read_text() == broken and sorted(os.listdir(tmp_path)) == [hook.HOOK_PTH, "sitecustomize.py"]
+    assert path.read_text() == broken and sorted(os.listdir(tmp_path)) == [site_files.HOOK_PTH, "sitecustomize.py"]
 
 
 # --- how a file is replaced ------------------------------------------------------------------------------------
@@ -184,10 +184,10 @@ def test_install_and_uninstall_keep_the_permission_bits_of_the_users_sitecustomi
     path = tmp_path / "sitecustomize.py"
     path.write_text("import os\n")
     path.chmod(0o644)
-    hook.install_hook(tmp_path, check=False)
+    site_files.install_hook(tmp_path, check=False)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     path.chmod(0o640)
-    hook.uninstall_hook(tmp_path)
+    site_files.uninstall_hook(tmp_path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640 and path.read_text() == "import os\n"
 
 
@@ -199,7 +199,7 @@ def test_a_new_hook_file_gets_the_permission_bits_open_would_give_it(route, umas
     their every start."""
     previous = os.umask(umask)
     try:
-        installed = hook.install_hook(site_packages[0], sitecustomize=route == "sitecustomize", check=False)
+        installed = site_files.install_hook(site_packages[0], sitecustomize=route == "sitecustomize", check=False)
     finally:
         os.umask(previous)
     assert installed.route == route and stat.S_IMODE(installed.path.stat().st_mode) == mode
@@ -217,7 +217,7 @@ def test_while_a_file_is_replaced_only_a_hidden_temporary_beside_it_is_in_the_di
 
     monkeypatch.setattr(os, "replace", replace_and_look)
     (tmp_path / "sitecustomize.py").write_text("import os\n")
-    hook.install_hook(tmp_path, check=False)
+    site_files.install_hook(tmp_path, check=False)
     ((temporary, original),) = seen
     assert re.fullmatch(r"\.sitecustomize\.py\.[a-z0-9_]+\.tmp", temporary), temporary
     assert original == "sitecustomize.py" and sorted(os.listdir(tmp_path)) == ["sitecustomize.py"]
@@ -231,7 +231,7 @@ def test_a_temporary_directory_on_another_filesystem_does_not_stop_the_write(tmp
     elsewhere = tempfile.mkdtemp(dir="/dev/shm")
     try:
         monkeypatch.setattr(tempfile, "tempdir", elsewhere)
-        assert hook.install_hook(tmp_path, check=False).changed
+        assert site_files.install_hook(tmp_path, check=False).changed
         assert (tmp_path / "sitecustomize.py").read_text() == BLOCK and os.listdir(elsewhere) == []
     finally:
         shutil.rmtree(elsewhere)
@@ -242,7 +242,7 @@ def test_a_write_that_fails_raises_the_systems_error_and_leaves_no_temporary(tmp
     in_the_way = tmp_path / "sitecustomize.py"
     in_the_way.mkdir()
     with pytest.raises(IsADirectoryError):
-        hook._write_atomically(in_the_way, BLOCK)
+        site_files._write_atomically(in_the_way, BLOCK)
     assert os.listdir(tmp_path) == ["sitecustomize.py"] and in_the_way.is_dir()
 
 
@@ -254,9 +254,9 @@ def test_a_pth_no_new_interpreter_reads_is_refused_taken_back_out_and_the_site_d
     a new interpreter does not. FP4_DYNAMO_SHIM=1 is set here, so the package's own .pth starts the hook in
     that interpreter: it must not pass for the route just written. The check is on by default."""
     monkeypatch.setenv("FP4_DYNAMO_SHIM", "1")
-    path = site_packages[0] / hook.HOOK_PTH
-    with pytest.raises(hook.HookNotRunning) as raised:
-        hook.install_hook(site_packages[0])
+    path = site_packages[0] / site_files.HOOK_PTH
+    with pytest.raises(site_files.HookNotRunning) as raised:
+        site_files.install_hook(site_packages[0])
     assert str(raised.value) == (
         f"wrote the hook to {path}, but a new interpreter does not run it (site directories processed: "
         f"{site_packages[0]}, {site_packages[1]}; sitecustomize: {users_sitecustomize}); took it back out.")
@@ -273,8 +273,8 @@ def test_a_sitecustomize_another_one_shadows_is_refused_naming_that_one_and_the_
     path = site_packages[0] / "sitecustomize.py"
     if existing is not None:
         path.write_text(existing)
-    with pytest.raises(hook.HookNotRunning) as raised:
-        hook.install_hook(site_packages[0], sitecustomize=True)
+    with pytest.raises(site_files.HookNotRunning) as raised:
+        site_files.install_hook(site_packages[0], sitecustomize=True)
     message = str(raised.value)
     assert message.startswith(f"wrote the hook to {path}, but this interpreter imports {users_sitecustomize} "
                               "as sitecustomize (it comes first on sys.path), so the hook would never run; "
@@ -295,8 +295,8 @@ def test_the_check_runs_with_the_users_pythonpath_where_an_old_hook_module_is_fo
     target = tmp_path / "target"
     target.mkdir()
     path = target / "sitecustomize.py"
-    with pytest.raises(hook.HookNotRunning) as raised:
-        hook.install_hook(target)
+    with pytest.raises(site_files.HookNotRunning) as raised:
+        site_files.install_hook(target)
     assert str(raised.value) == (f"wrote the hook to {path}, but a new interpreter does not run it (site "
                                  f"directories processed: none; sitecustomize: {path}); took it back out.")
     assert os.listdir(target) == []
@@ -306,7 +306,7 @@ def test_the_check_runs_without_the_kill_switch_set_here(tmp_path, monkeypatch):
     """install-hook under FP4_DYNAMO_SHIM_DISABLE=1 installs and checks (the CLI then says the switch is set)."""
     monkeypatch.setenv("FP4_DYNAMO_SHIM_DISABLE", "1")
     path = tmp_path / "sitecustomize.py"
-    assert hook.install_hook(tmp_path) == hook.Installed(path, True, "sitecustomize")
+    assert site_files.install_hook(tmp_path) == site_files.Installed(path, True, "sitecustomize")
     assert path.read_text() == BLOCK
 
 
@@ -315,8 +315,8 @@ def test_the_check_runs_without_the_kill_switch_set_here(tmp_path, monkeypatch):
 def test_installed_routes_names_each_file_and_a_sitecustomize_that_hides_a_block(site_packages, tmp_path, monkeypatch):
     """Stand-in for the sitecustomize this interpreter imported at start-up: a module in ``sys.modules``."""
     first, second = site_packages
-    (second / hook.PACKAGE_PTH).write_text("import os\n")
-    (first / hook.HOOK_PTH).write_text(hook.HOOK_PTH_TEXT)
+    (second / site_files.PACKAGE_PTH).write_text("import os\n")
+    (first / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     (second / "sitecustomize.py").write_text(BLOCK)
     other = tmp_path / "other" / "sitecustomize.py"
     other.parent.mkdir()
@@ -324,18 +324,18 @@ def test_installed_routes_names_each_file_and_a_sitecustomize_that_hides_a_block
 
     def imported(path):
         monkeypatch.setitem(sys.modules, "sitecustomize", types.SimpleNamespace(__file__=str(path)))
-        return hook.installed_routes()
+        return site_files.installed_routes()
 
-    files = {"pth": str(second / hook.PACKAGE_PTH), "hook_pth": str(first / hook.HOOK_PTH)}
+    files = {"pth": str(second / site_files.PACKAGE_PTH), "hook_pth": str(first / site_files.HOOK_PTH)}
     assert imported(second / "sitecustomize.py") == {
         **files, "sitecustomize": str(second / "sitecustomize.py"), "sitecustomize_shadowed_by": None}
     assert imported(other) == {**files, "sitecustomize": None, "sitecustomize_shadowed_by": str(other)}
-    other.write_text(f"import os\n{hook.ONE_LINER}\n")  # the documented line, written by hand
+    other.write_text(f"import os\n{site_files.ONE_LINER}\n")  # the documented line, written by hand
     assert imported(other) == {**files, "sitecustomize": str(other), "sitecustomize_shadowed_by": None}
     monkeypatch.delitem(sys.modules, "sitecustomize")
     monkeypatch.syspath_prepend(str(second))  # not imported yet: the one import would load
-    assert hook.installed_routes()["sitecustomize"] == str(second / "sitecustomize.py")
-    for path in (first / hook.HOOK_PTH, second / hook.PACKAGE_PTH):
+    assert site_files.installed_routes()["sitecustomize"] == str(second / "sitecustomize.py")
+    for path in (first / site_files.HOOK_PTH, second / site_files.PACKAGE_PTH):
         path.unlink()
     (second / "sitecustomize.py").unlink()
     (second / "sitecustomize.py").mkdir()  # unreadable as a file: no route
@@ -347,7 +347,7 @@ def test_a_users_sitecustomize_that_prints_undecodable_bytes_does_not_stop_the_c
     """Another start-up file's output is not the probe's: only the probe's own last line is read."""
     path = tmp_path / "sitecustomize.py"
     path.write_text("import sys\nsys.stdout.buffer.write(b'\\xff\\xfe not UTF-8\\n'); sys.stdout.flush()\n")
-    installed = hook.install_hook(tmp_path)
+    installed = site_files.install_hook(tmp_path)
     assert installed.changed and installed.route == "sitecustomize" and BEGIN in path.read_text()
 
 
@@ -360,11 +360,11 @@ def test_a_check_that_cannot_finish_takes_the_hook_back_out_and_says_so(existing
         path.write_text(existing)
 
     def never_answers(command, **keywords):
-        raise hook.subprocess.TimeoutExpired(command, keywords["timeout"])
+        raise site_files.subprocess.TimeoutExpired(command, keywords["timeout"])
 
-    monkeypatch.setattr(hook.subprocess, "run", never_answers)
-    with pytest.raises(hook.HookNotRunning) as raised:
-        hook.install_hook(tmp_path)
+    monkeypatch.setattr(site_files.subprocess, "run", never_answers)
+    with pytest.raises(site_files.HookNotRunning) as raised:
+        site_files.install_hook(tmp_path)
     assert str(raised.value).startswith(f"wrote the hook to {path}, but could not check that a new interpreter runs "
                                         "it (TimeoutExpired: Command ")
     assert str(raised.value).endswith("timed out after 120 seconds); took it back out.")
@@ -375,4 +375,4 @@ def test_a_sitecustomize_module_without_a_file_or_spec_reads_as_none(monkeypatch
     """A sitecustomize put in sys.modules by hand (no ``__file__``, ``__spec__`` None) makes find_spec raise
     ValueError: the origin is then unknown, not an error."""
     monkeypatch.setitem(sys.modules, "sitecustomize", types.ModuleType("sitecustomize"))
-    assert hook._sitecustomize_origin() is None
+    assert site_files._sitecustomize_origin() is None

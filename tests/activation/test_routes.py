@@ -22,9 +22,9 @@ import pytest
 import fp4_dynamo_shim
 import venvs
 from _fp4_dynamo_shim import switches
-from _fp4_dynamo_shim import settings as config
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.entry import sglang_plugin as sglang
+from _fp4_dynamo_shim import settings
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.entry import sglang_plugin
 from _fp4_dynamo_shim.entry import startup
 from fp4_dynamo_shim.errors import ApplyError
 from helpers import SRC, run_python
@@ -112,9 +112,9 @@ def reverted(monkeypatch):
 
 def test_the_kill_switch_stops_the_plugin_and_every_route_and_status_says_so(reverted, caplog):
     original = flashinfer.fp4_quantize
-    reverted.setenv(config.DISABLE, "1")
+    reverted.setenv(settings.DISABLE, "1")
     with caplog.at_level(logging.INFO, logger="fp4_dynamo_shim"):
-        sglang.plugin()
+        sglang_plugin.plugin()
     assert flashinfer.fp4_quantize is original and not fp4_dynamo_shim.apply()
     state = fp4_dynamo_shim.status()
     assert state["disabled"] and not state["applied"] and "FP4_DYNAMO_SHIM_DISABLE=1 is set" in state["problem"]
@@ -126,7 +126,7 @@ def test_the_kill_switch_stops_the_plugin_and_every_route_and_status_says_so(rev
 def test_the_kill_switch_stops_the_import_the_hook_and_sitecustomize(route, tmp_path):
     code = {"import": "import fp4_dynamo_shim, os; print(os.environ.get('FP4_DYNAMO_SHIM'))", "hook": PATCHED,
             "sitecustomize": PATCHED}[route]
-    env = {config.DISABLE: "1", **({config.HOOK: "1"} if route == "hook" else {})}
+    env = {settings.DISABLE: "1", **({settings.HOOK: "1"} if route == "hook" else {})}
     if route == "sitecustomize":
         from _fp4_dynamo_shim.routes import site_files as hook
         hook.install_hook(tmp_path, check=False)
@@ -137,7 +137,7 @@ def test_the_kill_switch_stops_the_import_the_hook_and_sitecustomize(route, tmp_
 
 def test_verify_says_the_switch_is_set_and_exits_2():
     result = run_python("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--json']))",
-                        env={config.DISABLE: "1"})
+                        env={settings.DISABLE: "1"})
     assert result.returncode == 2
     assert "FP4_DYNAMO_SHIM_DISABLE=1 is set" in json.loads(result.stdout)["status"]["problem"]
 
@@ -145,22 +145,22 @@ def test_verify_says_the_switch_is_set_and_exits_2():
 # --- strict mode, unknown values ---------------------------------------------------------------------------
 
 def test_strict_turns_an_unknown_value_into_an_apply_error(reverted):
-    reverted.setenv(config.STRICT, "1")
-    reverted.setenv(config.FALLBACK, "bogus")
+    reverted.setenv(settings.STRICT, "1")
+    reverted.setenv(settings.FALLBACK, "bogus")
     with pytest.raises(ApplyError, match="FP4_DYNAMO_SHIM_FALLBACK='bogus'.*error, reference, launch"):
         fp4_dynamo_shim.apply()
-    reverted.setenv(config.FALLBACK, "error")
-    reverted.setenv(config.HOOK, "2")
+    reverted.setenv(settings.FALLBACK, "error")
+    reverted.setenv(settings.HOOK, "2")
     with pytest.raises(ApplyError, match="FP4_DYNAMO_SHIM='2' is not understood"):
         fp4_dynamo_shim.apply()
 
 
 @pytest.mark.parametrize("variable, value, accepted", [
-    (config.FALLBACK, "referense", "error, reference, launch"),
-    (config.CUDA_VERSION, "twelve", "torch, nvcc or a version"),
-    (config.STRICT, "2", "1, true, yes or on"),
-    (config.DISABLE, "enabled", "1, true, yes or on"),
-    (config.HOOK, "2", "1, true, yes or on"),  # the same rule for the hook's variable (issue 19)
+    (settings.FALLBACK, "referense", "error, reference, launch"),
+    (settings.CUDA_VERSION, "twelve", "torch, nvcc or a version"),
+    (settings.STRICT, "2", "1, true, yes or on"),
+    (settings.DISABLE, "enabled", "1, true, yes or on"),
+    (settings.HOOK, "2", "1, true, yes or on"),  # the same rule for the hook's variable (issue 19)
 ])
 def test_an_unknown_value_gets_one_warning_naming_the_variable_and_its_values(variable, value, accepted, reverted,
                                                                               caplog):
@@ -177,7 +177,7 @@ def test_an_unknown_value_gets_one_warning_naming_the_variable_and_its_values(va
 @pytest.mark.slow
 @pytest.mark.parametrize("value", ["2", "enabled"])
 def test_an_unknown_value_of_the_hook_variable_warns_once_at_start_up(value, editable):
-    result = editable.run(PATCHED, env={config.HOOK: value})
+    result = editable.run(PATCHED, env={settings.HOOK: value})
     warned = [line for line in result.stderr.splitlines() if "FP4_DYNAMO_SHIM=" in line]
     assert result.stdout.strip() == "False"
     assert len(warned) == 1 and repr(value) in warned[0] and "1, true, yes or on" in warned[0], result.stderr
@@ -186,13 +186,13 @@ def test_an_unknown_value_of_the_hook_variable_warns_once_at_start_up(value, edi
 # --- a stable API ------------------------------------------------------------------------------------------
 
 def test_status_has_the_same_keys_applied_not_applied_and_after_a_failed_apply(reverted):
-    assert tuple(fp4_dynamo_shim.status()) == patching.STATUS_KEYS  # not applied
+    assert tuple(fp4_dynamo_shim.status()) == lifecycle.STATUS_KEYS  # not applied
     reverted.setattr("_fp4_dynamo_shim.fp4.kernels.load", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     assert not fp4_dynamo_shim.apply()
     failed = fp4_dynamo_shim.status()
-    assert tuple(failed) == patching.STATUS_KEYS and failed["cuda_version"] is None and "boom" in failed["problem"]
+    assert tuple(failed) == lifecycle.STATUS_KEYS and failed["cuda_version"] is None and "boom" in failed["problem"]
     reverted.undo()
-    assert fp4_dynamo_shim.apply() and tuple(fp4_dynamo_shim.status()) == patching.STATUS_KEYS
+    assert fp4_dynamo_shim.apply() and tuple(fp4_dynamo_shim.status()) == lifecycle.STATUS_KEYS
     assert fp4_dynamo_shim.status()["cuda_version"]["source"]
 
 
@@ -207,7 +207,7 @@ def test_revert_withdraws_the_variable_the_import_set_and_says_whether_it_revert
 
 def test_the_replacement_says_it_is_the_shims_and_names_the_original():
     text = repr(flashinfer.fp4_quantize)
-    original = patching.original_function()
+    original = lifecycle.original_function()
     assert text.startswith("<fp4_dynamo_shim replacement of ") and f"{original.__module__}.fp4_quantize" in text
     assert repr(flashinfer.mm_fp4).startswith("<fp4_dynamo_shim replacement of flashinfer.")
 
@@ -317,8 +317,8 @@ def test_status_lists_what_the_plugin_rebound(tmp_path, monkeypatch):
     import late_bound_layer
 
     try:
-        late_bound_layer.fp4_quantize = patching.original_function()
-        sglang.plugin()
+        late_bound_layer.fp4_quantize = lifecycle.original_function()
+        sglang_plugin.plugin()
         assert getattr(late_bound_layer.fp4_quantize, "__fp4_dynamo_shim__", False)
         assert "late_bound_layer.fp4_quantize" in fp4_dynamo_shim.status()["rebound"]
     finally:

@@ -21,7 +21,7 @@ import wrapt
 
 import _fp4_dynamo_shim
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.entry import sglang_plugin, startup
 from _fp4_dynamo_shim.routes import importer
@@ -225,7 +225,7 @@ def test_any_other_failure_of_the_post_import_hook_is_one_warning_and_the_progra
     startup._on_flashinfer_imported(flashinfer)
     assert said() == [("WARNING", f"import hook: applying the shim failed (ModuleNotFoundError: {broken.value}); "
                                         "continuing without the shim")]
-    assert not patching.status()["applied"]
+    assert not lifecycle.status()["applied"]
 
 
 @pytest.fixture
@@ -281,7 +281,7 @@ def test_the_plugin_says_at_info_that_the_shim_is_active_by_which_route_and_what
     version = importlib.metadata.version("flashinfer-python")
     sglang_plugin.plugin()
     bound_after_apply = types.ModuleType("bound_after_apply")  # a module that kept FlashInfer's own function
-    bound_after_apply.fp4_quantize = patching.original_function()
+    bound_after_apply.fp4_quantize = lifecycle.original_function()
     fresh_start.setitem(sys.modules, "bound_after_apply", bound_after_apply)
     sglang_plugin.plugin()
     assert [line for line in said() if "SGLang" in line[1]] == [

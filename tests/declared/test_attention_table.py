@@ -12,7 +12,7 @@ from pathlib import Path
 import flashinfer
 import pytest
 
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 
 TOOLS = Path(__file__).resolve().parents[2] / "tools"
 
@@ -33,7 +33,7 @@ def installed(tool):
 
 def test_the_committed_rows_of_the_installed_release_are_what_the_tool_reads_from_its_sources(tool, installed):
     version, rows = installed
-    assert version == patching.flashinfer_version()
+    assert version == lifecycle.flashinfer_version()
     committed = tool.committed()
     assert version in committed, f"no rows for flashinfer {version}: run python tools/attention_table.py"
     assert committed[version] == rows

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from _fp4_dynamo_shim.declared import scan as declared
+from _fp4_dynamo_shim.declared import scan
 from _fp4_dynamo_shim.declared.scan import Fake, Namespace
 
 MODULE = "flashinfer.example"
@@ -48,7 +48,7 @@ def _scale_fake(x: torch.Tensor, factor: float) -> torch.Tensor:
 def _unannotated(x):
     return x
 '''
-    declarations, namespaces = declared.scan_source(source, MODULE)
+    declarations, namespaces = scan.scan_source(source, MODULE)
     # Sorted by line: the order the file declares them in.
     assert [d.name for d in declarations] == ["rmsnorm", "scale", "unannotated"]
     rmsnorm, scale, unannotated = declarations
@@ -86,7 +86,7 @@ def _second(y):
 def _first_fake(x):
     return x
 '''
-    first, second = declared.scan_source(source, MODULE)[0]
+    first, second = scan.scan_source(source, MODULE)[0]
     assert (first.name, first.name_source, first.fake.function) == ("first", "'flashinfer::first'", "_first_fake")
     assert (second.name, second.name_source, second.fake.function) == (
         None, "f'flashinfer::{name}_second'", "_second_fake")
@@ -104,7 +104,7 @@ def _qualified(x):
 def _qualified_fake(x):
     return x
 '''
-    (declaration,) = declared.scan_source(source, MODULE)[0]
+    (declaration,) = scan.scan_source(source, MODULE)[0]
     assert (declaration.name, declaration.fake.function) == ("qualified", "_qualified_fake")
 
 
@@ -117,7 +117,7 @@ def test_a_decorator_call_that_is_neither_a_name_nor_an_attribute_is_passed_over
 def _wrapped(x):
     return x
 '''
-    (declaration,) = declared.scan_source(source, MODULE)[0]
+    (declaration,) = scan.scan_source(source, MODULE)[0]
     assert declaration.name == "wrapped"
 
 
@@ -133,7 +133,7 @@ def _nameless(x):
 def _nameless_fake(x):
     return x
 '''
-    (declaration,) = declared.scan_source(source, MODULE)[0]
+    (declaration,) = scan.scan_source(source, MODULE)[0]
     assert (declaration.name, declaration.name_source) == (None, "")
 
 
@@ -167,7 +167,7 @@ def _computed(out):
 def _unsaid(out):
     pass
 '''
-    mutates = {d.name: d.mutates for d in declared.scan_source(source, MODULE)[0]}
+    mutates = {d.name: d.mutates for d in scan.scan_source(source, MODULE)[0]}
     # One string is one name, "" is none; a literal that is not names is as unknown as a computed one.
     assert mutates == {"one": ("out",), "empty": (), "listed": ("a", "b"), "mixed": None, "nothing": None,
                        "computed": None, "unsaid": ()}
@@ -203,7 +203,7 @@ def get_module(kind: str, width: int = 4):
 def test_a_getters_namespace_holds_literal_keys_as_they_are_and_computed_ones_as_their_expression():
     """``types.SimpleNamespace`` is read like a bare ``SimpleNamespace``; a computed key is written in terms of
     the getter's parameters, its local names replaced by their values and its parameters left as they are."""
-    declarations, namespaces = declared.scan_source(GETTER, MODULE)
+    declarations, namespaces = scan.scan_source(GETTER, MODULE)
     (namespace,) = namespaces
     assert (namespace.module, namespace.getter, namespace.problem) == (MODULE, "get_module", None)
     assert namespace.entries == (("plain", "_a"), ("=f'{kind}_b'", "_b"), ("=f'{kind}_c'", "_c"),
@@ -229,7 +229,7 @@ def get_module():
 
     return SimpleNamespace(op=_op)
 '''
-    (namespace,) = declared.scan_source(source, MODULE)[1]
+    (namespace,) = scan.scan_source(source, MODULE)[1]
     assert namespace == Namespace(MODULE, "get_module", (),
                                   "get_module does not end in one `return SimpleNamespace(...)`")
     assert namespace.keys_of("_op") == ()
@@ -245,7 +245,7 @@ def get_module():
     functions = {"op": _op}
     return SimpleNamespace(**functions)
 '''
-    (namespace,) = declared.scan_source(source, MODULE)[1]
+    (namespace,) = scan.scan_source(source, MODULE)[1]
     assert namespace == Namespace(MODULE, "get_module", (), "get_module returns SimpleNamespace(**functions)")
     assert namespace.keys_of("_op") == ()
 
@@ -262,7 +262,7 @@ def get_other_module():
 
     return SimpleNamespace(undeclared=_undeclared)
 '''
-    namespaces = declared.scan_source(source, MODULE)[1]
+    namespaces = scan.scan_source(source, MODULE)[1]
     assert [(n.module, n.getter) for n in namespaces] == [(MODULE, "get_module")]
 
 
@@ -273,7 +273,7 @@ class Ops:
     def _in_class(x):
         return x
 '''
-    (declaration,), namespaces = declared.scan_source(source, MODULE)
+    (declaration,), namespaces = scan.scan_source(source, MODULE)
     assert (declaration.scope, declaration.getter, declaration.getter_parameters, declaration.key) == (
         ("class Ops",), None, None, "flashinfer.example.class Ops._in_class")
     assert namespaces == []
@@ -317,7 +317,7 @@ with LOCK:
         def _in_with_if_fake(x):
             return x
 '''
-    declarations = declared.scan_source(source, MODULE)[0]
+    declarations = scan.scan_source(source, MODULE)[0]
     assert [(d.name, d.scope) for d in declarations] == [
         (name, ()) for name in ("in_if", "in_else", "in_try", "in_except", "in_try_else", "in_finally",
                                 "in_with_if")]
@@ -335,7 +335,7 @@ def _write(path, text, mtime_ns):
 
 
 def _names(package):
-    return {d.name for d in declared.scan(package).declarations}
+    return {d.name for d in scan.scan(package).declarations}
 
 
 T0 = 1_700_000_000 * 10**9

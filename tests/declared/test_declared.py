@@ -21,9 +21,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks
-from _fp4_dynamo_shim.declared import scan as declared
+from _fp4_dynamo_shim.declared import scan
 from _fp4_dynamo_shim.declared import layer as declared_ops
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.declared import polyfill
 from fp4_dynamo_shim.errors import ApplyError
 
@@ -68,7 +68,7 @@ class _TraceOnly(checks._TraceOnly):
 def _fake_call(example):
     function = example.resolve()
     if function is None:
-        pytest.skip(f"flashinfer {patching.flashinfer_version()} has no {example.module}.{example.function}")
+        pytest.skip(f"flashinfer {lifecycle.flashinfer_version()} has no {example.module}.{example.function}")
     with FakeTensorMode():
         args, kwargs = example.arguments("cuda")
     return function, args, kwargs
@@ -96,7 +96,7 @@ def test_the_release_table_row_matches_what_the_shim_does_with_this_release(ever
     """tests/data/declared_releases.json is written by tools/matrix/declared_table.py from each release's wheel; the
     matrix runs this test against each release installed."""
     table = json.loads(TABLE.read_text())["releases"]
-    version = patching.flashinfer_version()
+    version = lifecycle.flashinfer_version()
     if version not in table:
         pytest.skip(f"no row for flashinfer-python {version}; run python tools/matrix/declared_table.py")
     assert every_op["registered"] == table[version]["registered"]
@@ -115,7 +115,7 @@ def test_public_function_traces_to_the_declared_op_with_no_graph_break(every_op,
     assert len(backend.graphs) == 1  # fullgraph: a break would have raised
     assert backend.ops(), f"{example.name} traced without reaching any {declared_ops.NAMESPACE} op"
     # Each op's fake outputs sit on the inputs' device: opcheck on the H200 found FlashInfer's merge_states
-    # fake allocating on the CPU (declared_rules.REPLACED_FAKES), which tracing alone lets through.
+    # fake allocating on the CPU (declared/rules.py REPLACED_FAKES), which tracing alone lets through.
     for graph in backend.graphs:
         for node in graph.graph.nodes:
             if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target):
@@ -260,14 +260,14 @@ def test_unpatched_flashinfer_does_not_trace_the_same_calls(unpatched):
 
 
 def test_the_default_gate_registers_exactly_what_sglang_calls_raw(monkeypatch):
-    from _fp4_dynamo_shim.declared import rules as declared_rules
+    from _fp4_dynamo_shim.declared import rules
 
     layer = _reapply(monkeypatch, "sglang")
     package = Path(flashinfer.__file__).parent
-    files = [package.parent.joinpath(*module.split(".")) for module, _ in declared_rules.SGLANG]
+    files = [package.parent.joinpath(*module.split(".")) for module, _ in rules.SGLANG]
     files = [f / "__init__.py" if f.is_dir() else f.with_suffix(".py") for f in files]
-    present = {(d.module, d.name) for d in declared.scan_files(package, [f for f in files if f.exists()]).declarations}
-    expected = {f"{declared_ops.NAMESPACE}::{name}" for module, name in declared_rules.SGLANG if (module, name) in present}
+    present = {(d.module, d.name) for d in scan.scan_files(package, [f for f in files if f.exists()]).declarations}
+    expected = {f"{declared_ops.NAMESPACE}::{name}" for module, name in rules.SGLANG if (module, name) in present}
     assert set(layer["registered"].values()) == expected
     assert f"{declared_ops.NAMESPACE}::layernorm" in expected  # every release 0.5.3-0.7.4 declares it
     assert {entry["kind"] for entry in layer["not_registered"].values()} <= {"off under the gate"}
@@ -280,7 +280,7 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
     the first case on any release (the real records' releases run in the matrix and on the GPU)."""
     from _fp4_dynamo_shim.declared import proven as proven_record
 
-    version = patching.flashinfer_version()
+    version = lifecycle.flashinfer_version()
     sglang_only = _reapply(monkeypatch, "sglang")["registered"]
     if version not in proven_record.PROVEN:
         layer = _reapply(monkeypatch, "proven")
@@ -333,16 +333,16 @@ def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
 
 
 def _break_layernorm(monkeypatch):
-    from _fp4_dynamo_shim.declared import build as declared_build
+    from _fp4_dynamo_shim.declared import build
 
-    register = declared_build.Registrar.register
+    register = build.Registrar.register
 
     def failing(self, op, kernel, fake):
         if op.name == "layernorm":
             raise RuntimeError("injected define failure")
         return register(self, op, kernel, fake)
 
-    monkeypatch.setattr(declared_build.Registrar, "register", failing)
+    monkeypatch.setattr(build.Registrar, "register", failing)
 
 
 def test_one_op_failing_to_register_is_listed_and_the_shim_stays_applied(monkeypatch, every_op, caplog):
@@ -422,7 +422,7 @@ def get_module(kind: str):
 
     return SimpleNamespace(**{fname: _op})
 '''
-    declarations, namespaces = declared.scan_source(source, "flashinfer.example")
+    declarations, namespaces = scan.scan_source(source, "flashinfer.example")
     plain, nested = declarations
     assert (plain.name, plain.mutates, plain.scope, plain.fake.function) == ("plain", ("out",), (), "_plain_fake")
     assert (nested.name, nested.getter, nested.getter_parameters, nested.fake.function) == (
@@ -437,7 +437,7 @@ def test_the_record_is_chosen_by_the_version_the_lifecycle_resolved_not_by_flash
     import flashinfer
     from _fp4_dynamo_shim.declared import proven as proven_record
 
-    version = patching.flashinfer_version()
+    version = lifecycle.flashinfer_version()
     other = next(v for v in sorted(proven_record.PROVEN) if v != version)
     monkeypatch.setattr(flashinfer, "__version__", other)
     layer = _reapply(monkeypatch, "proven")
@@ -452,7 +452,7 @@ def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeyp
         _reapply(monkeypatch, gate)
         return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status())
 
-    version = patching.flashinfer_version()
+    version = lifecycle.flashinfer_version()
     monkeypatch.delitem(proven_record.PROVEN, version, raising=False)
     assert verify_says("proven").endswith("; no GPU record for the installed FlashInfer: SGLang's calls only")
     assert verify_says("all").endswith(" declarations registered; no GPU record for the installed FlashInfer")

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from _fp4_dynamo_shim.declared import build, rules
-from _fp4_dynamo_shim.declared import scan as declared
+from _fp4_dynamo_shim.declared import scan
 from _fp4_dynamo_shim.declared.codegen import NotExpressible
 
 from flashinfer_like import NO_OP_DECORATORS as DECORATORS
@@ -102,7 +102,7 @@ def _declarations(source, module_name):
     exec(compile(source, module_name, "exec"), module.__dict__)
     nested = vars(module.get_module()) if hasattr(module, "get_module") else {}
     found = {}
-    for declaration in declared.scan_source(source, module_name)[0]:
+    for declaration in scan.scan_source(source, module_name)[0]:
         name = declaration.name or declaration.function.lstrip("_")
         function = module.__dict__.get(declaration.function) or nested[name]
         found[name] = (declaration, module, function)
@@ -178,7 +178,7 @@ def get_module():
 '''
     module = types.ModuleType("flashinfer.example")
     exec(compile(source, "flashinfer.example", "exec"), module.__dict__)
-    (declaration,) = declared.scan_source(source, "flashinfer.example")[0]
+    (declaration,) = scan.scan_source(source, "flashinfer.example")[0]
 
     def returned(x: torch.Tensor) -> torch.Tensor:
         return x
@@ -204,7 +204,7 @@ def min_p_sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor) -> tor
     declaration, module, function = sampling["min_p_sampling_from_probs"]
     assert fake_for(declaration, module, function) == (
         rules.DERIVED_FAKES[("flashinfer.sampling", "min_p_sampling_from_probs")], ["probs", "indices"],
-        "derived by the shim (declared_rules.DERIVED_FAKES)")
+        "derived by the shim (its DERIVED_FAKES rules)")
 
     def merge_states(allocates):
         return _declarations(DECORATORS + f'''

@@ -24,17 +24,17 @@ import flashinfer.norm
 import flashinfer.sampling
 import flashinfer.utils
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import switches
-from _fp4_dynamo_shim.declared import build as declared_build
+from _fp4_dynamo_shim.declared import build
 from _fp4_dynamo_shim.declared import layer as declared_ops
 from _fp4_dynamo_shim.declared import polyfill
-from _fp4_dynamo_shim.declared import proven as proven_record
+from _fp4_dynamo_shim.declared import proven
 
 from flashinfer_like import NO_OP_DECORATORS as DECORATORS
 from helpers import apply_with
 
-VERSION = patching.flashinfer_version()
+VERSION = lifecycle.flashinfer_version()
 GATE = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
 #: What the default set (``declared_rules.SGLANG``) registers from 0.7.4, and the files the narrow gates read.
 SGLANG_KEYS = {"flashinfer.norm.layernorm", "flashinfer.norm.rmsnorm_quant",
@@ -112,15 +112,15 @@ def test_a_gated_off_declaration_says_which_gate_left_it_off_and_how_to_turn_it_
     layer = _reapply(monkeypatch, "sglang")
     assert layer["not_registered"][off] == {"kind": "off under the gate",
                                             "reason": f"off under {GATE}=sglang: set it to all"}
-    monkeypatch.delitem(proven_record.PROVEN, VERSION, raising=False)
+    monkeypatch.delitem(proven.PROVEN, VERSION, raising=False)
     layer = _reapply(monkeypatch, "proven")
     assert layer["not_registered"][off]["reason"] == (
         f"off under {GATE}=proven (the default): no GPU record for FlashInfer {VERSION} (declared/proven.py): "
         "set it to all")
-    record = {**dict.fromkeys(proven_record.MEASURED, "a stand-in record"), "declarations": {
+    record = {**dict.fromkeys(proven.MEASURED, "a stand-in record"), "declarations": {
         "flashinfer.norm.fused_add_rmsnorm": {"module": "flashinfer.norm", "op": "fused_add_rmsnorm",
                                               "functions": ["norm.fused_add_rmsnorm"]}}}
-    monkeypatch.setitem(proven_record.PROVEN, VERSION, record)
+    monkeypatch.setitem(proven.PROVEN, VERSION, record)
     layer = _reapply(monkeypatch, "proven")
     assert "flashinfer.norm.fused_add_rmsnorm" in layer["registered"]
     assert layer["not_registered"][off]["reason"] == (
@@ -170,7 +170,7 @@ def test_a_failure_when_torch_dynamo_is_imported_is_logged_and_recorded_not_rais
     not become theirs. It is in status() and in one warning."""
     layer, _ = _applied_before_dynamo(own_layers, monkeypatch)
 
-    monkeypatch.setattr(declared_build.Registrar, "__init__", _no_fragment)
+    monkeypatch.setattr(build.Registrar, "__init__", _no_fragment)
     switches.warned.clear()  # said once per process: the same failure may have been said by another test
     with caplog.at_level("WARNING", logger=WARNED):
         wrapt.notify_module_loaded(sys.modules["torch._dynamo"])  # returns: the import goes on
@@ -190,7 +190,7 @@ def _no_fragment(self, layer):
 def test_a_failure_while_registering_with_torch_dynamo_imported_refuses_the_apply(monkeypatch):
     """Not a failure of one op (those are listed): with torch._dynamo already imported the layer registers
     inside apply(), so the failure is apply's, which undoes the layers before it and reports it."""
-    monkeypatch.setattr(declared_build.Registrar, "__init__", _no_fragment)
+    monkeypatch.setattr(build.Registrar, "__init__", _no_fragment)
     status = apply_with(monkeypatch, FLASHINFER_OPS="sglang")
     assert not status["applied"]
     assert "RuntimeError: injected: the fragment could not be made" in status["problem"]
@@ -417,14 +417,14 @@ def _key(name, scope=()):
 def _failing_broken_getter(monkeypatch):
     """get_broken_module's polyfill is built, then goes wrong (as a generated namespace that does not compile
     would): the members it had built must not stay registered, the one it had refused keeps its reason."""
-    getter = declared_build.getter
+    getter = build.getter
 
     def failing(layer, registrar, members, module, facts):
         getter(layer, registrar, members, module, facts)
         if facts.getter == "get_broken_module":
             raise RuntimeError("injected: the polyfill did not compile")
 
-    monkeypatch.setattr(declared_build, "getter", failing)
+    monkeypatch.setattr(build, "getter", failing)
 
 
 def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reason(stand_in_release, monkeypatch):

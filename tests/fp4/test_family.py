@@ -18,7 +18,7 @@ import torch
 from _fp4_dynamo_shim.fp4 import family
 from _fp4_dynamo_shim.fp4 import family_ops
 from _fp4_dynamo_shim.fp4 import layout
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.fp4 import reference
 from fp4_dynamo_shim.errors import InvalidArgumentError, NotExpressibleError
 
@@ -293,7 +293,7 @@ def test_arguments_no_op_carries_reach_flashinfer_eagerly_and_fail_clearly_compi
         pytest.skip(f"this FlashInfer's {name} has no {option} parameter")
     assert getattr(function, "__fp4_dynamo_shim__", False), f"flashinfer.{name} is not the shim's replacement"
     args, kwargs = _arguments_for(name), {option: value()}
-    original = patching.original_function(name)
+    original = lifecycle.original_function(name)
     assert _same_outcome(_outcome(function, *args, **kwargs), _outcome(original, *args, **kwargs))
     compiled = torch.compile(lambda *a: function(*a, **kwargs), fullgraph=True, backend="eager")
     with pytest.raises(Exception) as error:

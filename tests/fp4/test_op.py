@@ -11,8 +11,8 @@ from torch._dynamo.source import ConstantSource
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 from torch.library import opcheck
 
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim.fp4 import quantize_op
+from _fp4_dynamo_shim.fp4 import releases
 
 from release_facts import FACTS
 
@@ -46,36 +46,36 @@ def test_opcheck(dtype, recipe, sf_layout):
     utils = ("test_faketensor", "test_aot_dispatch_dynamic") + (() if dtype == torch.float8_e4m3fn else ("test_schema",))
     for shape, column_major in SHAPES:
         x = make_input(shape, dtype, column_major)
-        opcheck(ops.fp4_quantize_op, op_arguments(x, recipe, sf_layout), test_utils=utils)
+        opcheck(quantize_op.fp4_quantize_op, op_arguments(x, recipe, sf_layout), test_utils=utils)
 
 
 def _meta(tensors):
     return [(tuple(t.shape), t.stride(), t.dtype, t.is_contiguous()) for t in tensors]
 
 
-@pytest.mark.parametrize("target", targets.TARGETS, ids=lambda t: str(t.versions))
+@pytest.mark.parametrize("target", releases.TARGETS, ids=lambda t: str(t.versions))
 def test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row(target, target_row):
     target_row(target)
     mode = FakeTensorMode()
     for (shape, column_major), recipe, sf_layout in itertools.product(SHAPES, RECIPES, LAYOUTS):
         arguments = op_arguments(make_input(shape, torch.bfloat16, column_major), recipe, sf_layout)
-        real = ops.fp4_quantize_op(*arguments)
+        real = quantize_op.fp4_quantize_op(*arguments)
         with mode:
             fake_arguments = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in arguments]
-            fake = ops.fp4_quantize_op(*fake_arguments)
+            fake = quantize_op.fp4_quantize_op(*fake_arguments)
         assert _meta(fake) == _meta(real), (shape, column_major, recipe, sf_layout)
 
 
 def test_column_major_input_returns_transposed_views():
     x = make_input((256, 64), torch.bfloat16, column_major=True)  # quantized along the 256 side
-    packed, sf = ops.fp4_quantize_op(x, torch.tensor([1.0]), 16, False, True, False, False, None, 0)
+    packed, sf = quantize_op.fp4_quantize_op(x, torch.tensor([1.0]), 16, False, True, False, False, None, 0)
     assert packed.shape == (128, 64) and packed.stride() == (1, 128) and not packed.is_contiguous()
     assert sf.shape == (16, 128) and sf.stride() == (1, 16)
 
 
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_each_release_gets_the_row_its_wheel_calls_for(version):
-    facts, target = FACTS[version], targets.target_for(version)
+    facts, target = FACTS[version], releases.target_for(version)
     assert target is not None, f"flashinfer {version} is not covered by the targets table"
     assert (target.module, target.kernel_args, target.swizzled_sf_padded_columns, target.linear_sf_row_alignment,
             target.converts_global_scale, target.row_wise_global_scale) == (
@@ -91,22 +91,22 @@ def test_each_release_gets_the_row_its_wheel_calls_for(version):
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_swizzled_scale_factor_columns_follow_the_release(version, target_row):
     """K/sf_vec_size = 6, not a multiple of 4: viewed as (-1, 6) before 0.6.8, as (-1, 8) from 0.6.8 on."""
-    target_row(targets.target_for(version))
+    target_row(releases.target_for(version))
     arguments = (torch.tensor([1.0]), 16, False, True, False, False, None, 0)
-    _, sf = ops.fp4_quantize_op(make_input((384, 96), torch.float16), *arguments)
+    _, sf = quantize_op.fp4_quantize_op(make_input((384, 96), torch.float16), *arguments)
     padded = FACTS[version].swizzled_sf_padded_columns
     assert sf.shape == ((384, 8) if padded else (512, 6))
     if not padded:
         # 256 * 8 bytes do not divide into rows of 6: those releases fail in their reshape, and so do we.
         with pytest.raises(RuntimeError, match=r"shape '\[-1, 6\]' is invalid"):
-            ops.fp4_quantize_op(make_input((256, 96), torch.float16), *arguments)
+            quantize_op.fp4_quantize_op(make_input((256, 96), torch.float16), *arguments)
 
 
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it(version, target_row):
     """0.6.7-0.7.2 allocate round_up(M, 16) rows (the kernel may write them) and slice to M."""
-    target_row(targets.target_for(version))
-    _, sf = ops.fp4_quantize_op(make_input((5, 64), torch.float16), torch.tensor([1.0]), 16, False, False, False,
+    target_row(releases.target_for(version))
+    _, sf = quantize_op.fp4_quantize_op(make_input((5, 64), torch.float16), torch.tensor([1.0]), 16, False, False, False,
                                 False, None, 0)
     assert sf.shape == (5, 4)
     assert sf.untyped_storage().nbytes() == (16 if FACTS[version].linear_sf_row_alignment == 16 else 5) * 4
@@ -119,6 +119,6 @@ def test_fake_handles_symbolic_rows():
     scale = mode.from_tensor(torch.tensor([1.0]))
     with mode:
         fake_x = mode.from_tensor(x, source=ConstantSource("x"), symbolic_context=context)
-        packed, sf = ops.fp4_quantize_op(fake_x, scale, 16, False, True, False, False, None, 0)
+        packed, sf = quantize_op.fp4_quantize_op(fake_x, scale, 16, False, True, False, False, None, 0)
     assert isinstance(packed.shape[0], torch.SymInt) and packed.shape[1] == 64
     assert isinstance(sf.shape[0], torch.SymInt) and sf.shape[1] == 8

@@ -28,13 +28,13 @@ import fp4_oracle
 from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import devices
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.fp4 import reference
-from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim.fp4 import releases
 from helpers import apply_with, installed_target
 import stand_in_gpu
 
-INSTALLED = fp4_oracle.release_of(patching.flashinfer_version())
+INSTALLED = fp4_oracle.release_of(lifecycle.flashinfer_version())
 #: One version per range of releases whose kernel arithmetic differs (and the rows before any switch).
 ROW_VERSIONS = ("0.6.11", "0.6.12", "0.6.13", "0.7.1", "0.7.4")
 SWITCHES = ("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_NVFP4_4OVER6",
@@ -156,7 +156,7 @@ def test_a_row_wise_global_scale_scales_each_row_by_its_own_value(data, g):
 @given(data=st.data(), g=global_scales, inversed=st.booleans())
 def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, data, g, inversed):
     release = fp4_oracle.release_of(version)
-    arithmetic = targets.target_for(version).arithmetic
+    arithmetic = releases.target_for(version).arithmetic
     environ = data.draw(environments())
     code = None
     if arithmetic.four_over_six == "code":  # 0.7.1+: the code FlashInfer's Python passes (-1: the environment)
@@ -201,7 +201,7 @@ def _battery_values(rng, blocks, size):
 def _battery_call(case):
     """(reference bytes, oracle bytes) of one call given as plain data (a battery entry, or one from
     tests/data/fp4_cases.json)."""
-    release, arithmetic = fp4_oracle.release_of(case["version"]), targets.target_for(case["version"]).arithmetic
+    release, arithmetic = fp4_oracle.release_of(case["version"]), releases.target_for(case["version"]).arithmetic
     x = torch.tensor(case["values"], dtype=torch.float32).reshape(case["rows"], -1)
     dtype = getattr(torch, case["dtype"])
     x = (x.clamp(-448, 448) if dtype is torch.float8_e4m3fn else x).to(dtype)
@@ -228,7 +228,7 @@ def test_every_mode_of_every_release_row_matches_the_oracle_on_a_fixed_battery()
     scales = [1.0, 2688.0, 14.517072677612305, 1.7, 2.0 ** -12, 1e-30, 3.0e30, -2.5, 0.0, float("inf")]
     cases = 0
     for version in ROW_VERSIONS:
-        arithmetic = targets.target_for(version).arithmetic
+        arithmetic = releases.target_for(version).arithmetic
         fast_maths = (True, False) if arithmetic.fast_math_switches else (True,)
         settings = [None] + ([[mse, fast] for mse in (False, True) for fast in (False, True)]
                              if arithmetic.four_over_six != "none" else [])
@@ -499,7 +499,7 @@ def test_a_switch_reads_every_spelling_of_its_words_and_names_anything_else(raw)
 def test_the_reference_reads_the_kernels_switches_exactly_as_the_kernel(environ):
     # getBoolEnv: only the exact "1" is on; the error mode is upper-cased and must be MAE or MSE.
     for version in ROW_VERSIONS:
-        arithmetic = targets.target_for(version).arithmetic
+        arithmetic = releases.target_for(version).arithmetic
         release = fp4_oracle.release_of(version)
         try:
             want = fp4_oracle.mode_from_environment(release, environ)
@@ -522,7 +522,7 @@ def test_status_keeps_its_keys_and_names_every_unknown_value(values, monkeypatch
     try:
         state = apply_with(monkeypatch, **values)
         assert state["applied"]
-        assert tuple(state) == patching.STATUS_KEYS
+        assert tuple(state) == lifecycle.STATUS_KEYS
         unknown = [n for n, v in values.items() if v in ("referense", "twelve", "2")]
         assert sorted(n for n in unknown if any(n in w for w in state["warnings"])) == sorted(unknown)
     finally:

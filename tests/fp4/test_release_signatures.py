@@ -19,7 +19,7 @@ import torch
 import stand_in_gpu
 from _fp4_dynamo_shim.errors import InvalidArgumentError
 from _fp4_dynamo_shim.fp4 import quantize_op, releases
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from _fp4_dynamo_shim.fp4 import replacement
 from nvfp4_inputs import nvfp4_input
 
 UNSET = object()  # stands in for FlashInfer's "nvfp4_4over6 left out" sentinel
@@ -86,7 +86,7 @@ def test_a_release_with_parameters_the_shim_does_not_know_is_refused_by_name():
         pass
 
     with pytest.raises(TypeError) as refused:
-        wrapper.build(fp4_quantize, recording_module()[0])
+        replacement.build(fp4_quantize, recording_module()[0])
     assert str(refused.value) == "fp4_quantize has parameters the shim does not know: row_scales, cluster"
 
 
@@ -94,7 +94,7 @@ def test_a_release_with_parameters_the_shim_does_not_know_is_refused_by_name():
 
 def test_without_a_recipe_build_works_out_the_4over6_recipe_from_the_original_and_its_module():
     original, (module, resolved) = Original(), recording_module()
-    replaced = wrapper.build(release_0_7_4(original), module)
+    replaced = replacement.build(release_0_7_4(original), module)
     x, scale = nvfp4_input(3, 64)
     assert same(replaced(x, scale, nvfp4_4over6="a config"), reference_bytes(x, scale))
     assert resolved == [("resolve", "a config"), ("code", "resolved a config")]
@@ -104,7 +104,7 @@ def test_without_a_recipe_build_works_out_the_4over6_recipe_from_the_original_an
 def test_a_recipe_given_to_build_is_the_one_its_calls_use():
     original, (module, from_module) = Original(), recording_module()
     given_module, from_given = recording_module()
-    replaced = wrapper.build(release_0_7_4(original), module, wrapper.Recipe(given_module, UNSET))
+    replaced = replacement.build(release_0_7_4(original), module, replacement.Recipe(given_module, UNSET))
     x, scale = nvfp4_input(3, 64)
     replaced(x, scale, nvfp4_4over6="a config")
     assert from_given == [("resolve", "a config"), ("code", "resolved a config")]
@@ -117,7 +117,7 @@ def test_a_recipe_given_to_build_is_the_one_its_calls_use():
 def test_an_argument_the_op_cannot_carry_reaches_the_original_even_without_4over6(argument):
     # nvfp4_4over6=None is the one value that would otherwise take the direct or general path.
     original = Original()
-    replaced = wrapper.build(release_0_7_4(original), recording_module()[0])
+    replaced = replacement.build(release_0_7_4(original), recording_module()[0])
     x, scale = nvfp4_input(3, 64)
     assert replaced(x, scale, nvfp4_4over6=None, **argument) == "FlashInfer's own outputs"
     assert original.calls == [{**dict(input=x, global_scale=scale, sf_vec_size=16, sf_use_ue8m0=False,
@@ -130,7 +130,7 @@ def test_an_argument_the_op_cannot_carry_reaches_the_original_even_without_4over
 
 def test_a_release_without_the_inversed_scale_parameter_quantizes_with_a_plain_scale():
     original = Original()
-    replaced = wrapper.build(early_release(original), recording_module()[0])  # no target row: no direct path
+    replaced = replacement.build(early_release(original), recording_module()[0])  # no target row: no direct path
     x, scale = nvfp4_input(3, 64, seed=5)
     assert same(replaced(x, scale), reference_bytes(x, scale, inversed=False))
     assert same(replaced(x, scale, 32, True, False), reference_bytes(x, scale, 32, True, False))
@@ -139,7 +139,7 @@ def test_a_release_without_the_inversed_scale_parameter_quantizes_with_a_plain_s
 
 def test_a_release_without_a_backend_parameter_compiles_to_the_op():
     # The core gets the value of every parameter the release lacks: backend "cuda", i.e. the op's kernel.
-    replaced = wrapper.build(early_release(Original()), recording_module()[0])
+    replaced = replacement.build(early_release(Original()), recording_module()[0])
     x, scale = nvfp4_input(3, 64, seed=6)
     compiled = torch.compile(lambda t, s: replaced(t, s), fullgraph=True, backend="eager")
     assert same(compiled(x, scale), reference_bytes(x, scale))
@@ -151,7 +151,7 @@ def test_a_release_without_a_backend_parameter_compiles_to_the_op():
 def test_a_non_tensor_input_on_the_general_path_gets_the_shims_error_and_no_chained_one(with_target):
     # nvfp4_4over6=None keeps the call off the core, whose own check would say the same.
     target = quantize_op.active_target() if with_target else None
-    replaced = wrapper.build(release_0_7_4(Original()), recording_module()[0], None, target)
+    replaced = replacement.build(release_0_7_4(Original()), recording_module()[0], None, target)
     with pytest.raises(InvalidArgumentError) as raised:
         replaced([[1.0] * 64], torch.tensor([1.0]), nvfp4_4over6=None)
     assert str(raised.value) == "fp4_quantize: input must be a torch.Tensor, got list"
@@ -174,7 +174,7 @@ def unpadded_entry(target_row, device_state):
 
 
 def unpadded_replacement():
-    return wrapper.build(early_release(Original()), recording_module()[0], None, UNPADDED)
+    return replacement.build(early_release(Original()), recording_module()[0], None, UNPADDED)
 
 
 @pytest.mark.parametrize("columns", [64, 128, 192])

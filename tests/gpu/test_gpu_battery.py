@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from battery import ALL_META_CASES, CALLERS, CASES, GPU_CASES, META_CASES, Case, assert_carries, caller_for
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.fp4 import releases
 from fp4_dynamo_shim.errors import InvalidArgumentError
 
 #: Errors FlashInfer raises only by accident (an ``assert`` in its Python code, a stride lookup).
@@ -34,8 +34,8 @@ def stale_cuda_error():
 
 @pytest.mark.parametrize("case", CASES + GPU_CASES, ids=lambda c: c.name)
 def test_never_less_strict_than_flashinfer(case: Case, device_mode):
-    original = patching.original_function()
-    target = targets.target_for(patching.flashinfer_version())
+    original = lifecycle.original_function()
+    target = releases.target_for(lifecycle.flashinfer_version())
     args, kwargs = case.build("cuda")
     try:
         expected = original(*args, **kwargs)

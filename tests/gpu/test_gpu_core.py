@@ -15,9 +15,9 @@ import torch._dynamo.testing
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.library import opcheck
 
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim.fp4 import quantize_op
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.fp4 import releases
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_host_sync
 from nvfp4_inputs import nvfp4_input
@@ -31,7 +31,7 @@ inputs = functools.partial(nvfp4_input, device="cuda")
 
 SHAPES = [dict(), dict(rows=1), dict(rows=300), dict(layout="column-major"), dict(layout="3-D"),
           dict(dtype=torch.float16), dict(dtype=torch.float8_e4m3fn)]
-if targets.target_for(patching.flashinfer_version()).swizzled_sf_padded_columns:
+if releases.target_for(lifecycle.flashinfer_version()).swizzled_sf_padded_columns:
     SHAPES.append(dict(columns=96))  # K/16 = 6, not a multiple of 4 (before 0.6.8 FlashInfer's reshape rejects it)
 
 
@@ -87,12 +87,12 @@ def test_opcheck_on_the_op(device_mode):
             continue  # SchemaCheckMode cannot compare float8 tensors on any device
         x, scale = inputs(**shape)
         args = op_arguments(x, scale, layout, recipe)
-        opcheck(ops.fp4_quantize_op, args, test_utils=utils) if utils else opcheck(ops.fp4_quantize_op, args)
+        opcheck(quantize_op.fp4_quantize_op, args, test_utils=utils) if utils else opcheck(quantize_op.fp4_quantize_op, args)
     device_mode.assert_branch()
 
 
 def test_real_outputs_match_the_fake_and_flashinfer_for_every_layout(device_mode):
-    original = patching.original_function()
+    original = lifecycle.original_function()
     mode = FakeTensorMode()
     for shape, layout, recipe in itertools.product(SHAPES, LAYOUTS, RECIPES):
         x, scale = inputs(**shape)
@@ -101,7 +101,7 @@ def test_real_outputs_match_the_fake_and_flashinfer_for_every_layout(device_mode
         device_mode.assert_branch()
         flashinfer_own = original(x, scale, **layout, **recipe)
         with mode:
-            fake = ops.fp4_quantize_op(*op_arguments(mode.from_tensor(x), mode.from_tensor(scale), layout, recipe))
+            fake = quantize_op.fp4_quantize_op(*op_arguments(mode.from_tensor(x), mode.from_tensor(scale), layout, recipe))
         assert meta(real) == meta(fake) == meta(flashinfer_own), (shape, layout, recipe)
 
 
@@ -127,7 +127,7 @@ def test_cuda_graph_capture_and_replay_of_the_compiled_function(shape, device_mo
 def sglangs_call(x, scale):
     """As SGLang calls it: positional input and scale; with FlashInfer 0.7.1+ an explicit nvfp4_4over6=None (the
     parameter's default sentinel reads the environment through FlashInfer's Python, which the direct path skips)."""
-    if "nvfp4_4over6" in inspect.signature(patching.original_function()).parameters:
+    if "nvfp4_4over6" in inspect.signature(lifecycle.original_function()).parameters:
         return flashinfer.fp4_quantize(x, scale, nvfp4_4over6=None)
     return flashinfer.fp4_quantize(x, scale)
 

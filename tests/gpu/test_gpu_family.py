@@ -15,7 +15,7 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.fp4 import family_ops
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.fp4 import reference
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_breaks
@@ -32,7 +32,7 @@ def quantized(rows=64, columns=256):
 
 def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_reference(device_mode):
     """The interleave kernel has a body on every GPU: FlashInfer's kernel runs in both modes."""
-    original = patching.original_function("block_scale_interleave")
+    original = lifecycle.original_function("block_scale_interleave")
     for sf in (torch.randint(0, 255, (130, 7), dtype=torch.uint8, device="cuda"),
                torch.randn(3, 129, 12, device="cuda").to(torch.bfloat16)):
         compiled = torch.compile(flashinfer.block_scale_interleave, fullgraph=True, backend="inductor")
@@ -49,7 +49,7 @@ def test_block_scale_interleave_runs_on_this_gpu_and_matches_flashinfer_and_the_
 def test_host_dequantize_helpers_match_flashinfers_host_code(reference_mode):
     x, scale = quantized()
     packed, sf = flashinfer.fp4_quantize(x, scale)  # real values through the reference fallback
-    e2m1 = patching.original_function("e2m1_and_ufp8sf_scale_to_float")
+    e2m1 = lifecycle.original_function("e2m1_and_ufp8sf_scale_to_float")
     want = e2m1(packed, sf.reshape(-1), 1.0 / scale)
     got = torch.compile(lambda p, s, g: flashinfer.e2m1_and_ufp8sf_scale_to_float(p, s, g), fullgraph=True,
                         backend="eager")(packed, sf.reshape(-1), 1.0 / scale)
@@ -58,7 +58,7 @@ def test_host_dequantize_helpers_match_flashinfers_host_code(reference_mode):
                                                                 True), want)
     weight = torch.randint(0, 255, (8, 64), dtype=torch.uint8)
     scales = torch.randint(100, 140, (8, 4), dtype=torch.uint8)
-    host = patching.original_function("mxfp4_dequantize_host")(weight, scales, 32)
+    host = lifecycle.original_function("mxfp4_dequantize_host")(weight, scales, 32)
     assert torch.equal(flashinfer.mxfp4_dequantize_host(weight, scales, 32), host)
     assert torch.equal(reference.mxfp4_dequantize_host(weight, scales, 32), host)
 
@@ -82,7 +82,7 @@ THROUGH_FP4_QUANTIZE = {"nvfp4_quantize", "mxfp4_quantize"}
 def test_quantizers_trace_capture_and_replay_with_flashinfers_shapes(name, arguments, keywords, device_mode):
     if not present(name):
         pytest.skip(f"this FlashInfer has no {name}")
-    function, original = getattr(flashinfer, name), patching.original_function(name)
+    function, original = getattr(flashinfer, name), lifecycle.original_function(name)
     args = arguments(*quantized())
     assert no_breaks(lambda *a: function(*a, **keywords), *args)
     compiled = torch.compile(lambda *a: function(*a, **keywords), fullgraph=True, backend="inductor")
@@ -143,7 +143,7 @@ def test_mm_fp4_cuda_path_gives_flashinfers_own_outcome(kernel_mode):
         pytest.skip("this FlashInfer has no mm_fp4")
     operands = _mm_fp4_operands()
     alpha = torch.tensor([0.25], device="cuda")
-    original = patching.original_function("mm_fp4")
+    original = lifecycle.original_function("mm_fp4")
 
     def outcome(function):
         try:

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.verify import sglang
-from _fp4_dynamo_shim.sglang import releases as sglang_releases
+from _fp4_dynamo_shim.sglang import releases
 
-release = sglang_releases.release_for(sglang_releases.installed_version())
+release = releases.release_for(releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
                                 reason="needs an SGLang whose compile path verify drives (0.5.3.post2-0.5.9); "
                                        "0.5.11's real engine is tests/gpu/test_gpu_engine.py")
@@ -136,7 +136,7 @@ def test_modelopt_fp4_linear_apply_traces_and_computes_with_fp4_quantize_bound_a
         modelopt = importlib.import_module("sglang.srt.layers.quantization.modelopt_quant")
     except Exception as error:  # record exactly which import this machine cannot satisfy
         pytest.skip(f"sglang.srt.layers.quantization.modelopt_quant does not import here: {error!r}")
-    original = patching.original_function()
+    original = lifecycle.original_function()
     fp4_dynamo_shim.revert()
     monkeypatch.setattr(modelopt, "fp4_quantize", original, raising=False)
     assert fp4_dynamo_shim.apply()

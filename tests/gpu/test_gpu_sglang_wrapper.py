@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.entry import sglang_plugin as sglang
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.fp4 import replacement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import sglang_facts  # noqa: E402
@@ -32,7 +32,7 @@ VERSIONS = sglang_facts.SOURCE_RELEASES
 # The same condition as tests/sglang/test_sglang_wrapper.py's: found on the H200 with FlashInfer 0.6.3, where these
 # tests failed with SGLang's own TypeError instead of saying why they cannot run there.
 pytestmark = pytest.mark.skipif(
-    "backend" not in inspect.signature(patching.original_function() or flashinfer.fp4_quantize).parameters,
+    "backend" not in inspect.signature(lifecycle.original_function() or flashinfer.fp4_quantize).parameters,
     reason="SGLang >= 0.5.12 passes backend= to fp4_quantize; this FlashInfer's has no such parameter "
            "(SGLang pins 0.6.11.post1 and later)")
 
@@ -43,17 +43,17 @@ def sglang_op():
 
     def load(version, route):
         if route == "after":  # the plugin route: SGLang binds FlashInfer's own function, the plugin rebinds it
-            fallback = patching.status()["fallback"]
+            fallback = lifecycle.status()["fallback"]
             fp4_dynamo_shim.revert()
             loaded.append(sglang_wrapper.load(version, sm100=torch.cuda.get_device_capability()[0] == 10,
                                               cpu_kernel=False))
-            sglang.plugin()
-            assert patching.status()["fallback"] == fallback
+            sglang_plugin.plugin()
+            assert lifecycle.status()["fallback"] == fallback
         else:
             loaded.append(sglang_wrapper.load(version, sm100=torch.cuda.get_device_capability()[0] == 10,
                                               cpu_kernel=False))
         fp4_utils = loaded[-1].fp4_utils
-        assert wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+        assert replacement.is_shim(fp4_utils._flashinfer_fp4_quantize)
         return fp4_utils
 
     yield load
@@ -89,7 +89,7 @@ def test_sglangs_op_gives_the_shims_bytes_eager_compiled_and_replayed(version, r
 @pytest.mark.parametrize("version", VERSIONS)
 def test_with_the_real_kernel_launch_sglangs_op_has_flashinfers_layout(version, sglang_op, kernel_mode):
     fp4_utils = sglang_op(version, "after")
-    original = patching.original_function()
+    original = lifecycle.original_function()
     for x, scale in _inputs():
         try:
             expected = original(x, scale, backend="cuda")

@@ -18,8 +18,8 @@ from packaging.version import Version
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.fp4 import family
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.fp4 import replacement
 from fp4_dynamo_shim.errors import ApplyError
 
 from helpers import installed_target
@@ -40,11 +40,11 @@ def _names_bound_to(objects):
 
 def _flashinfer_originals():
     """FlashInfer's own objects the shim replaces, read from FlashInfer while the shim is reverted."""
-    assert not wrapper.is_shim(flashinfer.fp4_quantize)
+    assert not replacement.is_shim(flashinfer.fp4_quantize)
     return {
         "get_cuda_version": cpp_ext.get_cuda_version,
         "is_cuda_version_at_least": cpp_ext.is_cuda_version_at_least,
-        **{m.name: getattr(flashinfer, m.name) for m in family.members_for(patching.flashinfer_version())
+        **{m.name: getattr(flashinfer, m.name) for m in family.members_for(lifecycle.flashinfer_version())
            if hasattr(flashinfer, m.name)},
         "fp4_quantize": flashinfer.fp4_quantize,
     }
@@ -69,7 +69,7 @@ def test_revert_restores_every_identical_original_object():
     originals = _flashinfer_originals()
     before = _names_bound_to(originals)
     assert fp4_dynamo_shim.apply()
-    assert wrapper.is_shim(flashinfer.fp4_quantize)
+    assert replacement.is_shim(flashinfer.fp4_quantize)
     assert cpp_ext.get_cuda_version is not originals["get_cuda_version"]
     assert _names_bound_to(originals) == {}  # nothing still points at an original
     assert set(fp4_dynamo_shim.status()["rebound"]) == set().union(*before.values())
@@ -82,7 +82,7 @@ def test_apply_is_idempotent():
     first = flashinfer.fp4_quantize
     assert fp4_dynamo_shim.apply() and fp4_dynamo_shim.apply()
     assert flashinfer.fp4_quantize is first
-    assert not wrapper.is_shim(first.__wrapped__)  # wraps FlashInfer's function, never a shim
+    assert not replacement.is_shim(first.__wrapped__)  # wraps FlashInfer's function, never a shim
 
 
 def test_apply_from_many_threads_at_once_patches_once():
@@ -123,7 +123,7 @@ def test_replacement_has_the_installed_signature():
 def test_unsupported_version_warns_once_and_patches_nothing(monkeypatch, caplog):
     fp4_dynamo_shim.revert()
     original = flashinfer.fp4_quantize
-    monkeypatch.setattr(patching, "flashinfer_version", lambda: "0.4.1")
+    monkeypatch.setattr(lifecycle, "flashinfer_version", lambda: "0.4.1")
     switches.warned.clear()
     with caplog.at_level(logging.WARNING, logger="fp4_dynamo_shim"):
         assert not fp4_dynamo_shim.apply()
@@ -242,7 +242,7 @@ def test_import_without_flashinfer_installed_succeeds_and_says_so(tmp_path):
     status = json.loads(result.stdout.strip().splitlines()[-1])
     assert status == {**status, "applied": False, "problem": "flashinfer-python is not installed",
                       "flashinfer": {"version": None, "tested": None, "matched_row": None, "parts": None}}
-    assert tuple(status) == patching.STATUS_KEYS
+    assert tuple(status) == lifecycle.STATUS_KEYS
 
 
 def test_the_tested_range_is_spelled_once_and_pyproject_requires_its_first_release_only():
@@ -273,4 +273,4 @@ def test_a_replacement_pickles_by_name_like_the_function_it_stands_for():
     data = pickle.dumps(flashinfer.fp4_quantize)
     assert pickle.loads(data) is flashinfer.fp4_quantize
     fp4_dynamo_shim.revert()
-    assert pickle.loads(data) is flashinfer.fp4_quantize and not wrapper.is_shim(flashinfer.fp4_quantize)
+    assert pickle.loads(data) is flashinfer.fp4_quantize and not replacement.is_shim(flashinfer.fp4_quantize)

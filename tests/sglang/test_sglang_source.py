@@ -16,7 +16,7 @@ import pytest
 
 import sglang_facts
 
-from _fp4_dynamo_shim.sglang import source as sglang_source
+from _fp4_dynamo_shim.sglang import source
 
 FACTS = json.loads(sglang_facts.FACTS_FILE.read_text())
 
@@ -32,13 +32,13 @@ def test_the_record_holds_every_release_the_facts_do(reads):
 
 @pytest.mark.parametrize("version", sglang_facts.RELEASES)
 def test_the_readers_give_each_releases_facts_from_its_recorded_files(reads, version):
-    facts = sglang_source.read_release(sglang_facts.recorded_reader(reads, version))
-    facts["pins"] = sglang_source.pins(reads["releases"][version]["requires"])
+    facts = source.read_release(sglang_facts.recorded_reader(reads, version))
+    facts["pins"] = source.pins(reads["releases"][version]["requires"])
     assert facts == FACTS[version]
 
 
 def test_a_file_the_release_lacks_reads_as_absent_and_one_the_record_lacks_says_so(reads):
     read = sglang_facts.recorded_reader(reads, "0.5.3.post1")
-    assert read(sglang_source.QWEN3_5) is None  # Qwen3.5 came later
+    assert read(source.QWEN3_5) is None  # Qwen3.5 came later
     with pytest.raises(KeyError):
         read("models/llama.py")

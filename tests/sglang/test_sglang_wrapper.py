@@ -27,9 +27,9 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.entry import sglang_plugin as sglang
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.fp4 import replacement
 
 import sglang_facts
 import sglang_wrapper  # noqa: E402
@@ -44,7 +44,7 @@ FOUR_OVER_SIX = "FLASHINFER_NVFP4_4OVER6"
 four_over_six_read = pytest.mark.filterwarnings("ignore:The FLASHINFER_NVFP4_4OVER6:FutureWarning")
 
 pytestmark = pytest.mark.skipif(
-    "backend" not in inspect.signature(patching.original_function() or flashinfer.fp4_quantize).parameters,
+    "backend" not in inspect.signature(lifecycle.original_function() or flashinfer.fp4_quantize).parameters,
     reason="SGLang >= 0.5.12 passes backend= to fp4_quantize; this FlashInfer's has no such parameter "
            "(SGLang pins 0.6.11.post1 and later)")
 
@@ -81,15 +81,15 @@ def on_route(route, imported, version, sm100=False, apply=None):
     fp4_dynamo_shim.revert()
     fp4_utils = imported.load(version, sm100)
     assert fp4_utils._flashinfer_fp4_quantize is flashinfer.fp4_quantize  # FlashInfer's own, bound at import
-    assert not wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+    assert not replacement.is_shim(fp4_utils._flashinfer_fp4_quantize)
     assert apply(plugin=True)
     return fp4_utils
 
 
 def _plain_apply(plugin=False):
     if plugin:
-        sglang.plugin()  # what every SGLang scheduler runs: apply, then rebind what was bound before
-        return patching.status()["applied"]
+        sglang_plugin.plugin()  # what every SGLang scheduler runs: apply, then rebind what was bound before
+        return lifecycle.status()["applied"]
     return fp4_dynamo_shim.apply()
 
 
@@ -107,12 +107,12 @@ def _inputs():
 @pytest.mark.parametrize("route", ROUTES)
 def test_sglangs_binding_is_the_shims_replacement_on_every_route(version, route, sglang_import):
     fp4_utils = on_route(route, sglang_import, version)
-    assert wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+    assert replacement.is_shim(fp4_utils._flashinfer_fp4_quantize)
     assert fp4_utils._flashinfer_fp4_quantize is flashinfer.fp4_quantize
     if route == "after":
-        assert BINDING in patching.status()["rebound"]
+        assert BINDING in lifecycle.status()["rebound"]
     fp4_dynamo_shim.revert()  # and revert puts FlashInfer's own function back into SGLang's module
-    assert not wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+    assert not replacement.is_shim(fp4_utils._flashinfer_fp4_quantize)
     assert fp4_utils._flashinfer_fp4_quantize is flashinfer.fp4_quantize
 
 
@@ -204,7 +204,7 @@ def test_on_sm100_sglangs_cute_dsl_call_reaches_flashinfer_unchanged(version, st
     sglang_import.unload()
     for route in ROUTES:
         fp4_utils = on_route(route, sglang_import, version, sm100=True, apply=apply)
-        assert wrapper.is_shim(fp4_utils._flashinfer_fp4_quantize)
+        assert replacement.is_shim(fp4_utils._flashinfer_fp4_quantize)
         fp4_utils.fp4_quantize(x, scale, enable_pdl=True)
         seen[route] = calls[-1]
         sglang_import.unload()

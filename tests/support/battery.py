@@ -104,9 +104,9 @@ ALL_META_CASES = [
 
 
 def _shim_op(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False):
-    from _fp4_dynamo_shim.fp4 import quantize_op as ops
+    from _fp4_dynamo_shim.fp4 import quantize_op
 
-    return ops.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, True, False, False, None, 0)
+    return quantize_op.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, True, False, False, None, 0)
 
 
 def _flashinfer_op(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim import lifecycle as patching
-from _fp4_dynamo_shim.fp4 import releases as targets
+from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim.fp4 import releases
 
 SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
 
@@ -29,8 +29,8 @@ def run_python(code: str | None, env: dict | None = None, timeout: float = 300, 
     )
 
 
-def installed_target() -> targets.Target:
-    return targets.target_for(patching.flashinfer_version())
+def installed_target() -> releases.Target:
+    return releases.target_for(lifecycle.flashinfer_version())
 
 
 def apply_with(monkeypatch, **environment) -> dict:

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim import lifecycle
 
 LEGACY = "flashinfer.fp4_quantization"
 QUANTIZATION = "flashinfer.quantization.fp4_quantization"
@@ -87,7 +87,7 @@ FACTS = {
 
 
 def installed_facts() -> Facts:
-    version = patching.flashinfer_version()
+    version = lifecycle.flashinfer_version()
     if version not in FACTS:
         pytest.skip(f"no written-down facts for flashinfer-python {version}; add its row to tests/support/release_facts.py")
     return FACTS[version]

@@ -38,7 +38,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parents[1] / "src"))
-from _fp4_dynamo_shim.sglang import source as sglang_source  # noqa: E402
+from _fp4_dynamo_shim.sglang import source  # noqa: E402
 
 FACTS_FILE = HERE.parent / "data" / "sglang_facts.json"
 READS_FILE = HERE.parent / "data" / "sglang_reads.json.xz"
@@ -85,11 +85,11 @@ def read_wheel(path: Path, files: dict = None) -> tuple:
                 files[key] = text
             return text
 
-        facts = sglang_source.read_release(read)
+        facts = source.read_release(read)
         (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
         message = email.parser.Parser().parsestr(archive.read(metadata).decode("utf-8"))
     requires = message.get_all("Requires-Dist") or []
-    facts["pins"] = sglang_source.pins(requires)
+    facts["pins"] = source.pins(requires)
     return facts, {"paths": dict(sorted(read_paths.items())), "requires": requires}
 
 

@@ -18,10 +18,10 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks, report
-from _fp4_dynamo_shim.verify import sglang as sglang_checks
+from _fp4_dynamo_shim.verify import sglang
 from _fp4_dynamo_shim.fp4 import flashinfer_op
-from _fp4_dynamo_shim.fp4 import quantize_op as ops
-from _fp4_dynamo_shim import lifecycle as patching
+from _fp4_dynamo_shim.fp4 import quantize_op
+from _fp4_dynamo_shim import lifecycle
 from fp4_dynamo_shim.errors import NoFp4KernelError
 
 FAMILY = ("nvfp4_quantize", "mxfp4_quantize", "block_scale_interleave", "e2m1_and_ufp8sf_scale_to_float",
@@ -140,7 +140,7 @@ def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
     assert _skip_reason(checks.check_baseline) == \
         "the unpatched failure is shown on a GPU (on CPU FlashInfer stops earlier, at the device check)"
     with pytest.raises(checks.Skip):
-        sglang_checks.check_sglang_compile_path("cpu")
+        sglang.check_sglang_compile_path("cpu")
     assert fp4_dynamo_shim.status()["applied"]  # check_baseline reverts only on a GPU
 
 
@@ -156,8 +156,8 @@ def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
 def test_sglangs_compile_path_check_says_why_it_does_not_run_here(monkeypatch, described, reason):
     # Stand-in: what sglang.releases.describe() says of the installed SGLang (none is installed here); the
     # compile path itself needs SGLang 0.5.3.post2-0.5.9 on a GPU (tests/gpu/test_gpu_sglang.py).
-    monkeypatch.setattr(sglang_checks.sglang_releases, "describe", lambda: described)
-    assert _skip_reason(sglang_checks.check_sglang_compile_path) == reason
+    monkeypatch.setattr(sglang.releases, "describe", lambda: described)
+    assert _skip_reason(sglang.check_sglang_compile_path) == reason
 
 
 def test_every_check_is_listed_once_in_verifys_order():
@@ -188,13 +188,13 @@ def test_the_dynamic_trace_check_fails_on_a_recompilation(monkeypatch):
 
 
 def test_the_opcheck_check_fails_when_the_fake_disagrees_with_the_kernel(monkeypatch):
-    quantize = ops.quantize
+    quantize = quantize_op.quantize
 
     def lying_fake(*args, launch):
         values, scales = quantize(*args, launch=launch)
         return (values.view(torch.int8), scales) if launch is None else (values, scales)
 
-    monkeypatch.setattr(ops, "quantize", lying_fake)
+    monkeypatch.setattr(quantize_op, "quantize", lying_fake)
     with pytest.raises(Exception, match="dtype|int8|uint8"):
         checks.check_opcheck("cpu")
 
@@ -225,7 +225,7 @@ def test_the_family_check_fails_on_an_error_flashinfer_does_not_raise(monkeypatc
 
 
 def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(monkeypatch):
-    original = patching.original_function("block_scale_interleave")
+    original = lifecycle.original_function("block_scale_interleave")
     with pytest.raises(Exception) as own:
         original(*checks.family_examples("cpu")["block_scale_interleave"][0])  # FlashInfer's JIT path needs a GPU
 
@@ -370,10 +370,10 @@ def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypat
 def _flip_one_output_bit(monkeypatch):
     """Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit of its scale factors."""
     def flipped(input, *arguments):
-        ops.launch_reference(input, *arguments)
+        quantize_op.launch_reference(input, *arguments)
         arguments[1].view(-1)[0] ^= 1
 
-    monkeypatch.setattr(ops, "launch_for", lambda input: flipped)
+    monkeypatch.setattr(quantize_op, "launch_for", lambda input: flipped)
     torch._dynamo.reset()
 
 
@@ -570,8 +570,8 @@ def sglang_outcome(monkeypatch, device_mode):
 
     def use(outcome, mode="kernel"):
         device_mode(mode)
-        monkeypatch.setattr(sglang_checks.sglang_releases, "describe", lambda: DRIVEN)
-        monkeypatch.setattr(sglang_checks, "compile_path_check",
+        monkeypatch.setattr(sglang.releases, "describe", lambda: DRIVEN)
+        monkeypatch.setattr(sglang, "compile_path_check",
                             lambda compare_values: handed.append(compare_values) or outcome)
         return handed
 
@@ -581,7 +581,7 @@ def sglang_outcome(monkeypatch, device_mode):
 def test_sglangs_compile_path_check_skips_a_gpu_without_an_fp4_kernel(sglang_outcome):
     handed = sglang_outcome({}, mode="error")
     with pytest.raises(checks.Skip) as skipped:
-        sglang_checks.check_sglang_compile_path("cuda")
+        sglang.check_sglang_compile_path("cuda")
     assert str(skipped.value) == NO_KERNEL and handed == []
 
 
@@ -590,7 +590,7 @@ def test_sglangs_compile_path_check_skips_a_gpu_without_an_fp4_kernel(sglang_out
 def test_sglangs_compile_path_check_says_what_sglang_captured_and_compared(sglang_outcome, mode, compared):
     handed = sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 3,
                              "replays_equal_eager": True if mode == "kernel" else None}, mode)
-    assert sglang_checks.check_sglang_compile_path("cuda") == (
+    assert sglang.check_sglang_compile_path("cuda") == (
         "sglang 0.5.9 install_torch_compiled + SGLangBackend, capture sizes [2, 4, 8]: traced, 3 CUDA graphs "
         f"captured, replayed; outputs {compared}")
     assert handed == [mode == "kernel"]
@@ -599,14 +599,14 @@ def test_sglangs_compile_path_check_says_what_sglang_captured_and_compared(sglan
 def test_sglangs_compile_path_check_fails_when_replays_differ_from_eager(sglang_outcome):
     sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 3, "replays_equal_eager": False})
     with pytest.raises(AssertionError) as failed:
-        sglang_checks.check_sglang_compile_path("cuda")
+        sglang.check_sglang_compile_path("cuda")
     assert str(failed.value) == "replays through SGLang's piecewise CUDA graphs differ from eager"
 
 
 def test_sglangs_compile_path_check_fails_when_fewer_graphs_are_captured_than_sizes(sglang_outcome):
     sglang_outcome({"capture_sizes": [2, 4, 8], "cuda_graphs_captured": 2, "replays_equal_eager": True})
     with pytest.raises(AssertionError) as failed:
-        sglang_checks.check_sglang_compile_path("cuda")
+        sglang.check_sglang_compile_path("cuda")
     assert str(failed.value) == "SGLang captured 2 CUDA graphs for capture sizes [2, 4, 8]"
 
 
@@ -615,11 +615,11 @@ def test_the_group_of_one_sglang_asks_for_is_gloo_on_an_ephemeral_port():
 
     assert not dist.is_initialized()  # no other test leaves a group behind: this one must make it
     try:
-        sglang_checks._one_rank_process_group()
+        sglang._one_rank_process_group()
         assert dist.get_backend() == "gloo" and dist.get_world_size() == 1 and dist.get_rank() == 0
         port = int(dist.distributed_c10d._default_pg_init_method.rsplit(":", 1)[1])
         assert port >= 1024  # the kernel's choice; a fixed privileged port fails for a user who is not root
-        sglang_checks._one_rank_process_group()  # a second call keeps the group it has
+        sglang._one_rank_process_group()  # a second call keeps the group it has
         assert dist.distributed_c10d._default_pg_init_method.endswith(f":{port}")
     finally:
         if dist.is_initialized():

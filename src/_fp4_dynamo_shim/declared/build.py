@@ -19,9 +19,9 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import oplib
-from . import scan as declared
-from . import codegen as declared_codegen
-from . import rules as declared_rules
+from . import scan
+from . import codegen
+from . import rules
 from .codegen import NotExpressible
 
 NAMESPACE = "fp4_dynamo_shim_flashinfer"
@@ -29,29 +29,29 @@ NAMESPACE = "fp4_dynamo_shim_flashinfer"
 
 @dataclasses.dataclass
 class Outcome:
-    key: str  # declared.Declaration.key
+    key: str  # scan.Declaration.key
     module: str  # the declaring module
     declared: str  # FlashInfer's name, as written
     group: str  # the gate group: "sglang" or "all"
     op: Optional[str] = None  # "fp4_dynamo_shim_flashinfer::rmsnorm" when registered
     reason: Optional[str] = None  # why it is not
-    kind: Optional[str] = None  # one of declared_rules.KINDS, once decided
+    kind: Optional[str] = None  # one of rules.KINDS, once decided
     #: Which fake the op has: "FlashInfer's", "FlashInfer's, by keyword (...)", "none needed (returns None)".
     fake: Optional[str] = None
 
     @property
     def failed(self) -> bool:
         """The reason is an error while registering (STRICT raises), not a fact of the release."""
-        return self.kind == declared_rules.FAILED
+        return self.kind == rules.FAILED
 
-    def refuse(self, reason: str, kind: str = declared_rules.NOT_EXPRESSIBLE) -> None:
+    def refuse(self, reason: str, kind: str = rules.NOT_EXPRESSIBLE) -> None:
         self.op, self.reason, self.kind = None, reason, kind
 
     def fail(self, error: BaseException, what: str = "") -> None:
-        self.refuse(f"{what}{type(error).__name__}: {error}", declared_rules.FAILED)
+        self.refuse(f"{what}{type(error).__name__}: {error}", rules.FAILED)
 
     def register(self, op_name: str) -> None:
-        self.op, self.reason, self.kind = f"{NAMESPACE}::{op_name}", None, declared_rules.REGISTERED
+        self.op, self.reason, self.kind = f"{NAMESPACE}::{op_name}", None, rules.REGISTERED
 
 
 @dataclasses.dataclass
@@ -121,7 +121,7 @@ def _returns_none(function) -> bool:
     return signature(function).return_annotation in (None, type(None))
 
 
-def _fake(declaration: declared.Declaration, module, function):
+def _fake(declaration: scan.Declaration, module, function):
     """(FlashInfer's fake or None, the keywords to call it with or None, how) for one declaration.
 
     FlashInfer's fakes never ran (its decorators are no-ops), and some drifted from their functions: a fake
@@ -132,11 +132,11 @@ def _fake(declaration: declared.Declaration, module, function):
     if declaration.fake is None:
         if _returns_none(function):
             return None, None, "none needed (returns None)"
-        derived = declared_rules.DERIVED_FAKES.get((declaration.module, declaration.name))
+        derived = rules.DERIVED_FAKES.get((declaration.module, declaration.name))
         if derived is not None:
-            return derived, list(signature(function).parameters), "derived by the shim (declared_rules.DERIVED_FAKES)"
+            return derived, list(signature(function).parameters), "derived by the shim (its DERIVED_FAKES rules)"
         raise NotExpressible("returns a value and FlashInfer wrote no fake for it")
-    replaced = declared_rules.REPLACED_FAKES.get((declaration.module, declaration.name))
+    replaced = rules.REPLACED_FAKES.get((declaration.module, declaration.name))
     if replaced is not None and replaced.still_wrong(declaration.fake.source):
         return replaced.fake, list(signature(function).parameters), f"the shim's ({replaced.fault})"
     if not declaration.scope:
@@ -158,7 +158,7 @@ def _fake(declaration: declared.Declaration, module, function):
     raise NotExpressible(f"FlashInfer's fake names parameters the function lacks ({stale})")
 
 
-def _stub(declaration: declared.Declaration, module):
+def _stub(declaration: scan.Declaration, module):
     returns = f" -> {declaration.returns}" if declaration.returns else ""
     return _compiled(f"def {declaration.function}({declaration.parameters}){returns}: pass", module, declaration.function)
 
@@ -172,7 +172,7 @@ class Registrar:
         self.names: set = set()
         self.count = 0
 
-    def name_for(self, declaration: declared.Declaration) -> str:
+    def name_for(self, declaration: scan.Declaration) -> str:
         base = declaration.name if declaration.name is not None else declaration.function.lstrip("_")
         name, suffix = base, 2
         while name in self.names:
@@ -180,7 +180,7 @@ class Registrar:
         self.names.add(name)
         return name
 
-    def register(self, op: declared_codegen.Op, kernel: Callable, fake: Callable):
+    def register(self, op: codegen.Op, kernel: Callable, fake: Callable):
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
@@ -201,23 +201,23 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
     mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
-    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature)
+    op = codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature)
     fake, fake_keywords, how = _fake(declaration, module, function)
-    target = declared_codegen.target_expression(index, getter_signature, key)
-    kernel, fake_function = declared_codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
+    target = codegen.target_expression(index, getter_signature, key)
+    kernel, fake_function = codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
                                                              fake_keywords)
     return registrar.register(op, kernel, fake_function), op, index, how
 
 
 def _caller_namespace() -> dict:
-    return {"_Tensor": torch.Tensor, "_NotExpressible": declared_codegen.NotExpressibleError,
-            "_Namespace": declared_codegen.Namespace}
+    return {"_Tensor": torch.Tensor, "_NotExpressible": codegen.NotExpressibleError,
+            "_Namespace": codegen.Namespace}
 
 
 def module_level(layer, registrar, declaration, module, outcome):
     op_object, op, index, outcome.fake = _build(registrar, declaration, module)
     namespace = {**_caller_namespace(), f"_op_{index}": op_object}
-    oplib.run_source(declared_codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>",
+    oplib.run_source(codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>",
                      namespace)
     layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global
     layer.pending.append((module.__dict__[declaration.function], namespace[f"_caller_{index}"], [outcome],
@@ -225,7 +225,7 @@ def module_level(layer, registrar, declaration, module, outcome):
     outcome.register(op.name)
 
 
-def getter(layer, registrar, members, module, namespace_facts: declared.Namespace):
+def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     """One polyfill for a getter: a namespace whose declared entries call the ops, the rest refuse."""
     getter_object = module.__dict__.get(namespace_facts.getter)
     if getter_object is None or namespace_facts.problem:
@@ -235,7 +235,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         return
     getter = getattr(getter_object, "__wrapped__", getter_object)  # Dynamo traces __wrapped__ of a functools.cache
     namespace, entries, built = _caller_namespace(), {}, 0
-    tabled = {declaration.function: declared_rules.attention_getter_signature(layer.flashinfer, module,
+    tabled = {declaration.function: rules.attention_getter_signature(layer.flashinfer, module,
                                                                          namespace_facts.getter, declaration.function)
               for declaration, _ in members}
     try:
@@ -255,7 +255,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         try:
             op_object, op, index, outcome.fake = _build(
                 registrar, declaration, module, getter_object, keys[0], tabled[declaration.function],
-                declared_rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function))
+                rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function))
         except NotExpressible as fact:
             outcome.refuse(str(fact))
             continue
@@ -263,7 +263,7 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
             outcome.fail(error)
             continue
         namespace[f"_op_{index}"] = op_object
-        source.append(declared_codegen.caller_source(op, index, namespace, indent="    "))
+        source.append(codegen.caller_source(op, index, namespace, indent="    "))
         entries.update({key: f"_caller_{index}" for key in keys})
         outcome.register(op.name)
         built += 1
@@ -272,10 +272,10 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
     # Each built member checked that the getter's parameters are all named (a variadic one refuses it).
     # The callers pack the getter's arguments under names of their own, which their parameters cannot shadow.
     source[:0] = [f"def _getter({oplib.declare(parameters, namespace, 'g')}):\n"] + [
-        f"    {declared_codegen.getter_argument(name)} = {name}\n" for name in parameters.parameters]
+        f"    {codegen.getter_argument(name)} = {name}\n" for name in parameters.parameters]
     for number, (key, value) in enumerate(namespace_facts.entries):
         if key not in entries:
-            namespace[f"_unavailable_{number}"] = declared_codegen.unavailable(
+            namespace[f"_unavailable_{number}"] = codegen.unavailable(
                 f"{module.__name__}.{namespace_facts.getter}().{key.lstrip('=')}")
             entries[key] = f"_unavailable_{number}"
     items = ", ".join(f"{key[1:] if key.startswith('=') else repr(key)}: {value}" for key, value in entries.items())

@@ -13,7 +13,7 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
 * All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
   program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
 * The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` picks which declarations: what SGLang's traced paths call raw
-  (``declared_rules.SGLANG``), plus under ``proven`` what a GPU run proved for the installed release
+  (``rules.SGLANG``), plus under ``proven`` what a GPU run proved for the installed release
   (``proven.PROVEN``), or all of them; everything not registered is listed with the reason. :func:`revert`
   removes the polyfills and destroys the fragment.
 """
@@ -28,11 +28,11 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import scan as declared
-from . import build as declared_build
-from . import rules as declared_rules
+from . import scan
+from . import build
+from . import rules
 from . import polyfill
-from . import proven as proven_record
+from . import proven
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
 from .. import switches
@@ -53,23 +53,23 @@ HELPERS = (
 )
 
 
-def _group(declaration: declared.Declaration, proven: Optional[dict]) -> str:
+def _group(declaration: scan.Declaration, record: Optional[dict]) -> str:
     """Which gate value turns the declaration on first: "sglang", "proven" or "all"."""
-    if (declaration.module, declaration.name) in declared_rules.SGLANG:
+    if (declaration.module, declaration.name) in rules.SGLANG:
         return "sglang"
-    return "proven" if proven and declaration.key in proven["declarations"] else "all"
+    return "proven" if record and declaration.key in record["declarations"] else "all"
 
 
-def _scan(package: Path, gate: str, proven: Optional[dict]) -> tuple:
+def _scan(package: Path, gate: str, record: Optional[dict]) -> tuple:
     if gate == "all":
-        return declared.scan(package), "every file of the package"
+        return scan.scan(package), "every file of the package"
     # A narrower gate reads only the files of the declarations it can turn on: a full scan costs 0.1-0.8 s.
-    modules = {module for module, _ in declared_rules.SGLANG}
-    if gate == "proven" and proven:
-        modules |= {entry["module"] for entry in proven["declarations"].values()}
+    modules = {module for module, _ in rules.SGLANG}
+    if gate == "proven" and record:
+        modules |= {entry["module"] for entry in record["declarations"].values()}
     paths = [package.parent.joinpath(*m.split(".")) for m in sorted(modules)]
     files = [p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for p in paths]
-    scanned = declared.scan_files(package, [f for f in files if f.exists()])
+    scanned = scan.scan_files(package, [f for f in files if f.exists()])
     return scanned, f"the {gate} gate's modules: " + ", ".join(sorted(modules))
 
 
@@ -122,12 +122,12 @@ def _register(layer: Layer) -> None:
     started = time.perf_counter()
     import flashinfer
 
-    layer.proven = proven_record.PROVEN.get(layer.flashinfer)
+    layer.proven = proven.PROVEN.get(layer.flashinfer)
     try:
-        scan, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
-        registrar = declared_build.Registrar(layer)
+        found, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
+        registrar = build.Registrar(layer)
         by_getter: Dict[tuple, list] = {}
-        for declaration in scan.declarations:
+        for declaration in found.declarations:
             outcome = Outcome(declaration.key, declaration.module, declaration.name_source,
                               _group(declaration, layer.proven))
             layer.outcomes.append(outcome)
@@ -136,22 +136,22 @@ def _register(layer: Layer) -> None:
                 outcome.refuse(*refused)
                 continue
             try:
-                module = declared_build.module_named(declaration.module)
+                module = build.module_named(declaration.module)
                 if declaration.getter is not None:
                     by_getter.setdefault((declaration.module, declaration.getter), []).append((declaration, outcome))
                     continue
-                declared_build.module_level(layer, registrar, declaration, module, outcome)
+                build.module_level(layer, registrar, declaration, module, outcome)
             except NotExpressible as fact:
                 outcome.refuse(str(fact))
             except Exception as error:  # registration itself went wrong: listed, STRICT raises
                 outcome.fail(error)
         for (module_name, getter), members in by_getter.items():
             try:
-                declared_build.getter(layer, registrar, members, sys.modules[module_name],
-                                      scan.namespaces[(module_name, getter)])
+                build.getter(layer, registrar, members, sys.modules[module_name],
+                                      found.namespaces[(module_name, getter)])
             except Exception as error:  # the getter's polyfill went wrong: its ops are not reachable
                 for _, outcome in members:
-                    if outcome.kind in (None, declared_rules.REGISTERED):
+                    if outcome.kind in (None, rules.REGISTERED):
                         outcome.fail(error, f"{getter}'s polyfill: ")
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
@@ -207,23 +207,23 @@ def apply(gate: str, flashinfer_version: str, strict: bool = False) -> Layer:
 GATES = ("off", "sglang", "proven", "all")
 
 
-def _reason_before_building(declaration: declared.Declaration, layer: Layer, group: str) -> Optional[tuple]:
+def _reason_before_building(declaration: scan.Declaration, layer: Layer, group: str) -> Optional[tuple]:
     """(reason, kind) for a declaration that is not built at all, or None."""
     if GATES.index(group) > GATES.index(layer.gate):
-        return _gated_off(layer), declared_rules.GATED_OFF
-    rule = declared_rules.excluded(declaration.module, declaration.getter, declaration.name)
+        return _gated_off(layer), rules.GATED_OFF
+    rule = rules.excluded(declaration.module, declaration.getter, declaration.name)
     if rule is not None:
         return rule[1], rule[0]
-    if declared_build.already_an_op(declaration.name):
+    if build.already_an_op(declaration.name):
         return (f"flashinfer::{declaration.name} is already a registered op in this process (FlashInfer's own)",
-                declared_rules.FLASHINFER_OWN)
+                rules.FLASHINFER_OWN)
     if declaration.scope and declaration.getter is None:
         return f"declared inside {'.'.join(declaration.scope)}, which no module-level getter returns", \
-            declared_rules.NOT_EXPRESSIBLE
+            rules.NOT_EXPRESSIBLE
     if declaration.name is None and declaration.getter is None:
-        return f"op name computed at run time ({declaration.name_source})", declared_rules.NOT_EXPRESSIBLE
+        return f"op name computed at run time ({declaration.name_source})", rules.NOT_EXPRESSIBLE
     if declaration.mutates is None:
-        return "mutates_args is not a literal", declared_rules.NOT_EXPRESSIBLE
+        return "mutates_args is not a literal", rules.NOT_EXPRESSIBLE
     return None
 
 
@@ -249,7 +249,7 @@ def revert(layer: Optional[Layer]) -> None:
 
 
 def _counts(outcomes) -> dict:
-    return {"declared": len(outcomes), **{kind: sum(o.kind == kind for o in outcomes) for kind in declared_rules.KINDS}}
+    return {"declared": len(outcomes), **{kind: sum(o.kind == kind for o in outcomes) for kind in rules.KINDS}}
 
 
 def describe(layer: Optional[Layer]) -> Optional[dict]:
@@ -269,7 +269,7 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
                       for module in sorted({o.module for o in layer.outcomes})},
         "seconds": round(layer.seconds, 3),
         "proven": None if layer.proven is None else {
-            "flashinfer": layer.flashinfer, **{field: layer.proven[field] for field in proven_record.MEASURED},
+            "flashinfer": layer.flashinfer, **{field: layer.proven[field] for field in proven.MEASURED},
             "declarations": len(layer.proven["declarations"]),
             "functions": sorted({f for entry in layer.proven["declarations"].values() for f in entry["functions"]})},
     }

@@ -18,14 +18,14 @@ def plugin() -> None:
     Says in the scheduler's log whether the shim is active there (on stderr, the scheduler's log, when SGLang
     has not set up its logging yet: plugins load first thing).
     """
-    from .. import lifecycle as patching
+    from .. import lifecycle
 
-    if patching.apply(route="plugin"):
-        rebound = patching.rebind_modules()
-        state = patching.status()
+    if lifecycle.apply(route="plugin"):
+        rebound = lifecycle.rebind_modules()
+        state = lifecycle.status()
         switches.say(f"fp4_dynamo_shim is active in this SGLang process (activated by {state['activated_by']}; "
                      f"flashinfer {state['flashinfer']['version']}; {len(rebound)} more bindings rebound now)", "info")
     else:
-        state = patching.status()
+        state = lifecycle.status()
         switches.say(f"fp4_dynamo_shim is NOT active in this SGLang process: {state['problem']}",
                      "info" if state["disabled"] else "warning")

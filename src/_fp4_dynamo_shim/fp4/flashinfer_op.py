@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import oplib
-from . import quantize_op as ops
+from . import quantize_op
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -69,16 +69,16 @@ def _make_kernel(module, recipe) -> Callable:
         if recipe is not None:  # 0.7.1+: the op carries a 4over6 code; -1 reads the environment, as FlashInfer does
             setting = from_code(a["nvfp4_4over6_code"]) if from_code else recipe.unset
             code = recipe.code(setting, a["input"], a["sf_vec_size"], a["sf_use_ue8m0"], compiling=False)
-        return ops.quantize(a["input"], a["global_scale"], a["sf_vec_size"], a["sf_use_ue8m0"],
+        return quantize_op.quantize(a["input"], a["global_scale"], a["sf_vec_size"], a["sf_use_ue8m0"],
                             a["is_sf_swizzled_layout"], a["is_sf_8x4_layout"], False, a["enable_pdl"], code,
-                            ops.launch_for(a["input"]))
+                            quantize_op.launch_for(a["input"]))
 
     return kernel
 
 
 def _fake(*args, **kwargs):
     a = _arguments(args, kwargs)
-    return ops.quantize(a["input"], a["global_scale"], a["sf_vec_size"], a["sf_use_ue8m0"],
+    return quantize_op.quantize(a["input"], a["global_scale"], a["sf_vec_size"], a["sf_use_ue8m0"],
                         a["is_sf_swizzled_layout"], a["is_sf_8x4_layout"], False, a["enable_pdl"], 0, launch=None)
 
 

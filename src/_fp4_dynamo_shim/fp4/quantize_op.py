@@ -15,7 +15,7 @@ from typing import Callable, Optional
 
 import torch
 
-from . import arithmetic as fp4_arithmetic
+from . import arithmetic
 from . import layout
 from . import reference
 from .devices import STATE as _STATE
@@ -204,10 +204,10 @@ def quantize(
     return out_val, sf
 
 
-def current_recipe(nvfp4_4over6_code: int) -> fp4_arithmetic.Recipe:
+def current_recipe(nvfp4_4over6_code: int) -> arithmetic.Recipe:
     """The recipe the installed kernel would run now: its switches read where and when it reads them
     (every launch), with the 4over6 code the caller passed (-1: from the environment)."""
-    return fp4_arithmetic.recipe(active_target().arithmetic, nvfp4_4over6_code)
+    return arithmetic.recipe(active_target().arithmetic, nvfp4_4over6_code)
 
 
 def launch_reference(

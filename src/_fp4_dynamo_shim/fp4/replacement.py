@@ -23,8 +23,8 @@ from typing import Callable, Optional
 
 import torch
 
-from . import arithmetic as fp4_arithmetic
-from . import quantize_op as ops
+from . import arithmetic
+from . import quantize_op
 from .. import oplib
 from .devices import STATE as _STATE
 from ..errors import NotExpressibleError
@@ -70,7 +70,7 @@ class Recipe:
             if is_mxfp4 or input.dtype == torch.float8_e4m3fn:
                 # FlashInfer: MXFP4 never reads the environment; FP8 kernels ignore an environment recipe.
                 return 0
-            return fp4_arithmetic.CODE_FROM_ENVIRONMENT if compiling else self.code_of(self.resolve(setting))
+            return arithmetic.CODE_FROM_ENVIRONMENT if compiling else self.code_of(self.resolve(setting))
         if setting is None:
             return 0
         if is_mxfp4:
@@ -86,9 +86,9 @@ class Recipe:
 def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> Callable:
     """The function every generated signature forwards to, with all parameters in ``CORE_PARAMETERS`` order."""
     present = tuple(name for name in CORE_PARAMETERS if name in parameter_names)
-    op = ops.fp4_quantize_op
+    op = quantize_op.fp4_quantize_op
     is_compiling = torch.compiler.is_compiling
-    quantize, launch_for = ops.quantize, ops.launch_for
+    quantize, launch_for = quantize_op.quantize, quantize_op.launch_for
 
     def call_original(*arguments):
         values = dict(zip(CORE_PARAMETERS, arguments))
@@ -109,9 +109,9 @@ def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> 
                 is_global_scale_inversed, enable_pdl, backend, nvfp4_4over6, batch_invariant,
             )
         if not isinstance(input, torch.Tensor):
-            raise ops.not_a_tensor("input", input)
+            raise quantize_op.not_a_tensor("input", input)
         if global_scale is not None and not isinstance(global_scale, torch.Tensor):
-            raise ops.not_a_tensor("global_scale", global_scale)
+            raise quantize_op.not_a_tensor("global_scale", global_scale)
         code = 0 if recipe is None else recipe.code(nvfp4_4over6, input, sf_vec_size, sf_use_ue8m0, compiling)
         if compiling:
             return op(
@@ -146,9 +146,9 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
         recipe = recipe_for(original, module)
     core = make_core(original, signature.parameters, recipe)
 
-    namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": ops.quantize,
-                 "_ops": ops, "_state": _STATE, "_launch_for": ops.launch_for, "_OP_BACKENDS": OP_BACKENDS,
-                 "_INPUT_DTYPES": ops.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
+    namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": quantize_op.quantize,
+                 "_ops": quantize_op, "_state": _STATE, "_launch_for": quantize_op.launch_for, "_OP_BACKENDS": OP_BACKENDS,
+                 "_INPUT_DTYPES": quantize_op.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
     declared = oplib.declare(signature, namespace)
     forwarded = []
     for name, absent_value in CORE_PARAMETERS.items():

@@ -13,7 +13,7 @@ import torch
 import torch._dynamo.testing
 
 from .. import lifecycle
-from ..fp4 import quantize_op as ops
+from ..fp4 import quantize_op
 
 
 class Skip(Exception):
@@ -109,11 +109,11 @@ def check_opcheck(device: str) -> str:
     x, scale = _inputs(64, device)
     arguments = (x, scale, 16, False, True, False, False, None, 0)
     if _computes_values(device):
-        opcheck(ops.fp4_quantize_op, arguments)
-        return f"torch.library.opcheck on {ops.NAMESPACE}::{ops.OP_NAME} ({device}): all tests"
+        opcheck(quantize_op.fp4_quantize_op, arguments)
+        return f"torch.library.opcheck on {quantize_op.NAMESPACE}::{quantize_op.OP_NAME} ({device}): all tests"
     if not _launches(device):
         raise Skip("this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error: nothing to run")
-    opcheck(ops.fp4_quantize_op, arguments, test_utils=("test_schema", "test_faketensor"))
+    opcheck(quantize_op.fp4_quantize_op, arguments, test_utils=("test_schema", "test_faketensor"))
     return "opcheck schema + fake-tensor tests (the kernel computes no values on this GPU)"
 
 
@@ -205,7 +205,7 @@ def family_examples(device: str) -> dict:
 
     def quantize(input, global_scale, sf_vec_size=16, sf_use_ue8m0=False, is_sf_swizzled_layout=True):
         # the shim's op, not flashinfer.fp4_quantize: on a release newer than tested that may be FlashInfer's own
-        return ops.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, False,
+        return quantize_op.fp4_quantize_op(input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, False,
                                    False, None, 0)
 
     x, scale = _inputs(32, "cpu", columns=128)
@@ -300,10 +300,10 @@ def check_flashinfer_ops(device: str) -> str:
         weight, bias = torch.empty(128, device="cuda"), torch.empty(128, device="cuda")
     backend = _TraceOnly()
     torch.compile(call, fullgraph=True, backend=backend)(x, weight, bias)
-    ops = {str(n.target) for g in backend.graphs for n in g.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)}
-    if len(backend.graphs) != 1 or not ops:
-        raise AssertionError(f"layernorm: {len(backend.graphs)} graphs, shim ops {sorted(ops)}")
-    return f"{summary}; layernorm traced to {', '.join(sorted(ops))} on fake CUDA tensors (no GPU here)"
+    quantize_op = {str(n.target) for g in backend.graphs for n in g.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)}
+    if len(backend.graphs) != 1 or not quantize_op:
+        raise AssertionError(f"layernorm: {len(backend.graphs)} graphs, shim ops {sorted(quantize_op)}")
+    return f"{summary}; layernorm traced to {', '.join(sorted(quantize_op))} on fake CUDA tensors (no GPU here)"
 
 
 def check_baseline(device: str) -> str:

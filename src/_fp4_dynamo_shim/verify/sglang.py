@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from ..sglang import releases as sglang_releases
-from ..sglang import source as sglang_source
+from ..sglang import releases
+from ..sglang import source
 from .checks import Skip, _computes_values, _launches
 
 
@@ -14,19 +14,19 @@ def check_sglang_release(device: str) -> str:
     Fails for a release the table does not know, since whether it needs the shim is then unknown."""
     import importlib.metadata
 
-    version = sglang_releases.installed_version()
+    version = releases.installed_version()
     if version is None:
         raise Skip("sglang is not installed")
-    facts = sglang_source.read_release(sglang_source.installed_reader())
-    pins = sglang_source.pins(importlib.metadata.requires("sglang"))
-    problems = sglang_releases.disagreements(version, facts, pins)
+    facts = source.read_release(source.installed_reader())
+    pins = source.pins(importlib.metadata.requires("sglang"))
+    problems = releases.disagreements(version, facts, pins)
     if problems:
-        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {sglang_releases.describe()['need']}")
-    return sglang_releases.describe()["need"]
+        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {releases.describe()['need']}")
+    return releases.describe()["need"]
 
 
 def check_sglang_compile_path(device: str) -> str:
-    described = sglang_releases.describe()
+    described = releases.describe()
     if described.get("installed") is None:
         raise Skip("sglang is not installed")
     if not described.get("compile_path_check"):
