@@ -9,7 +9,7 @@
 It reads the sources only (nothing is imported from the release), as the shim does at apply time for a release
 it has no row for: each part that matches would be patched as the newest row says; each that differs, or runs
 through one that does, would be left as FlashInfer's. Adding a row for a new release is then a reviewed change:
-the rows (src/_fp4_dynamo_shim/fp4/releases.py, fp4/family.py) and this record, written again with --record.
+the rows (src/_fp4_dynamo_shim/fp4/fp4_releases.py, fp4/family.py) and this record, written again with --record.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from _fp4_dynamo_shim import release_parts, tested_sources, versions  # noqa: E402
-from _fp4_dynamo_shim.fp4 import parts as fp4_parts  # noqa: E402
-from _fp4_dynamo_shim.fp4 import releases  # noqa: E402
+from _fp4_dynamo_shim.fp4 import fp4_parts  # noqa: E402
+from _fp4_dynamo_shim.fp4 import fp4_releases  # noqa: E402
 
 RECORD_FILE = ROOT / "src" / "_fp4_dynamo_shim" / "tested_sources.py"
 
@@ -55,18 +55,18 @@ def rows_with_the_same_kernel_call(package: Path) -> list:
     from _fp4_dynamo_shim.sources import Sources
 
     found = Sources(package)
-    return [str(target.versions) for target in releases.TARGETS
+    return [str(target.versions) for target in fp4_releases.TARGETS
             if found.tree(target.module) is not None
             and fp4_parts.kernel_arguments_difference(found, target) is None]
 
 
 def judgement(package: Path, version: str) -> dict:
     record = tested_sources.RECORD
-    differences, found = release_parts.compare(package, releases.target_for(record["flashinfer"]))
+    differences, found = release_parts.compare(package, fp4_releases.target_for(record["flashinfer"]))
     follows = release_parts.follows(differences, found)
     return {
         "version": version,
-        "tested": releases.target_for(version) is not None,
+        "tested": fp4_releases.target_for(version) is not None,
         "compared_with": record["flashinfer"],
         "rows_with_the_same_kernel_call": rows_with_the_same_kernel_call(package),
         "parts": {name: {"matches": not words, "difference": "; ".join(words) or None,
@@ -102,7 +102,7 @@ def literal(value, indent: int = 0) -> str:
 
 
 def record(package: Path, version: str) -> None:
-    target = releases.target_for(version)
+    target = fp4_releases.target_for(version)
     if target is None or versions.public(version) != versions.public(versions.LAST_FLASHINFER):
         raise SystemExit(f"--record takes the newest tested release ({versions.LAST_FLASHINFER}); {version} is installed")
     data = {"flashinfer": version, "parts": release_parts.facts(package, target)}

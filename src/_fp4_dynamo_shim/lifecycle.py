@@ -20,14 +20,14 @@ from typing import Callable, List, Optional
 import torch
 
 from . import cuda_version, rebind, release_parts, switches, versions
-from .declared import layer as declared_layer
+from .declared import declared_layer
 from .errors import ApplyError
-from .fp4 import layer as fp4_layer
-from .fp4 import parts as fp4_parts
-from .fp4 import releases as targets
+from .fp4 import fp4_layer
+from .fp4 import fp4_parts
+from .fp4 import fp4_releases
 from .routes import site_files
 from .settings import Settings
-from .sglang import releases as sglang_releases
+from .sglang import sglang_releases
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -143,7 +143,7 @@ def _apply(judgement: release_parts.Judgement, settings: Settings, route: str) -
     layer, FlashInfer's declared ops. A part of an untested release that differs from the newest tested one
     stays FlashInfer's. A failure undoes the layers already applied, newest first."""
     global _applied, _last_problem
-    target, left = targets.target_for(judgement.row), judgement.left
+    target, left = fp4_releases.target_for(judgement.row), judgement.left
     try:
         module = None if fp4_parts.JIT_GETTER in left else importlib.import_module(target.module)
         cpp_ext = None if cuda_version.PART.name in left else importlib.import_module(CPP_EXT)
@@ -274,7 +274,7 @@ STATUS_KEYS = (
 def _release_unapplied() -> dict:
     """status()'s "flashinfer" where the shim is not applied: its parts are compared only when it applies."""
     version = flashinfer_version()
-    tested = None if version is None else targets.target_for(version) is not None
+    tested = None if version is None else fp4_releases.target_for(version) is not None
     return {"version": version, "tested": tested, "matched_row": version if tested else None, "parts": None}
 
 

@@ -19,8 +19,8 @@ from typing import Dict, List, Optional
 
 from . import cuda_version, sources, tested_sources, versions
 from .fp4 import family
-from .fp4 import parts as fp4_parts
-from .fp4 import releases
+from .fp4 import fp4_parts
+from .fp4 import fp4_releases
 
 
 @dataclasses.dataclass
@@ -75,20 +75,20 @@ def because(cause: str) -> str:
     return f"it runs through {cause}, which differs"
 
 
-def all_parts(target: releases.Target) -> List[sources.Part]:
+def all_parts(target: fp4_releases.Target) -> List[sources.Part]:
     """The parts of the release ``target`` is the row for, in the order the layers apply them."""
     members = family.members_for(tested_sources.RECORD["flashinfer"])
     return [cuda_version.PART, *fp4_parts.parts(target, members)]
 
 
-def facts(package: Path, target: releases.Target) -> dict:
+def facts(package: Path, target: fp4_releases.Target) -> dict:
     """The record of a package's sources (what ``tools/release_parts.py --record`` writes)."""
     found, parts = sources.Sources(package), all_parts(target)
     others = frozenset(part.function for part in parts if part.function)
     return {part.name: sources.facts(found, part, others) for part in parts}
 
 
-def compare(package: Path, target: releases.Target, record: dict = None) -> tuple:
+def compare(package: Path, target: fp4_releases.Target, record: dict = None) -> tuple:
     """(part name -> how ``package``'s sources differ from ``record``, the newest tested release's by default;
     the package's facts)."""
     record = record or tested_sources.RECORD
@@ -132,7 +132,7 @@ def package_path() -> Optional[Path]:
 
 def judge(version: str) -> Optional[Judgement]:
     """The judgement for an installed release; None below the first tested release (nothing is known of it)."""
-    if releases.target_for(version) is not None:
+    if fp4_releases.target_for(version) is not None:
         return Judgement(version, True, version)
     if versions.below_first(version):
         return None
@@ -140,5 +140,5 @@ def judge(version: str) -> Optional[Judgement]:
     package = package_path()
     if package is None:
         return None
-    differences, found = compare(package, releases.target_for(row))
+    differences, found = compare(package, fp4_releases.target_for(row))
     return Judgement(version, False, row, differences, follows(differences, found))

@@ -16,7 +16,7 @@ import pytest
 
 import venvs
 from _fp4_dynamo_shim.routes import site_files
-from _fp4_dynamo_shim.sglang import releases
+from _fp4_dynamo_shim.sglang import sglang_releases
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +191,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
     ("0.5.12", True, False), ("0.5.13.post1", True, False), ("0.5.14", True, False), ("0.5.23", True, False),
 ])
 def test_sglang_releases_are_described_from_the_table(version, wraps, check):
-    release = releases.release_for(version)
+    release = sglang_releases.release_for(version)
     assert (release.fp4_quantize_binding == "sglang-op", release.compile_path_check) == (wraps, check)
 
 

@@ -27,7 +27,7 @@ import torch._dynamo
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.declared import layer as declared_ops
+from _fp4_dynamo_shim.declared import declared_layer
 from _fp4_dynamo_shim.verify import checks
 from helpers import apply_with
 
@@ -80,7 +80,7 @@ def attention():
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
-        patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
+        patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
         patch.setattr(flashinfer.decode, "gen_single_decode_module", lambda *a: _Spec(StandInModule(calls, True)))
         patch.setattr(flashinfer.prefill, "gen_single_prefill_module",
                       lambda *a: _Spec(StandInModule(calls, False)))
@@ -120,8 +120,8 @@ def test_single_attention_traces_to_its_op_with_no_graph_break(attention, monkey
     backend = checks._TraceOnly()
     torch.compile(call, fullgraph=True, backend=backend)(q, k, v)
     targets = [node for graph in backend.graphs for node in graph.graph.nodes if node.op == "call_function"
-               and declared_ops.NAMESPACE in str(node.target)]
-    assert [str(node.target) for node in targets] == [f"{declared_ops.NAMESPACE}.{OPS[op]}.default"]
+               and declared_layer.NAMESPACE in str(node.target)]
+    assert [str(node.target) for node in targets] == [f"{declared_layer.NAMESPACE}.{OPS[op]}.default"]
     if name == "prefill_auto":
         assert targets[0].args[0] == "fa3"  # FlashInfer's choice on SM90, made while tracing
 
@@ -177,7 +177,7 @@ def _op_arguments(op, values: dict) -> list:
 def test_opcheck_holds_each_op_with_the_stand_in_kernel(attention, key):
     """torch.library.opcheck runs the op (FlashInfer's run on the stand-in module) and checks its schema's write
     claims, its fake and its registration: an undeclared write to maybe_lse fails it."""
-    op = getattr(getattr(torch.ops, declared_ops.NAMESPACE), OPS[key]).default
+    op = getattr(getattr(torch.ops, declared_layer.NAMESPACE), OPS[key]).default
     decode = key == DECODE
     q, k, v = _inputs("cpu", decode)
     rows = 1 if decode else q.shape[0]
@@ -191,7 +191,7 @@ def test_opcheck_holds_each_op_with_the_stand_in_kernel(attention, key):
 def test_status_lists_both_as_registered_under_all_with_no_reason_left(attention):
     layer = attention["status"]
     assert {key: layer["registered"].get(key) for key in OPS} == {
-        key: f"{declared_ops.NAMESPACE}::{name}" for key, name in OPS.items()}
+        key: f"{declared_layer.NAMESPACE}::{name}" for key, name in OPS.items()}
     assert not set(OPS) & set(layer["not_registered"])
 
 
@@ -225,7 +225,7 @@ def test_revert_removes_the_ops_and_the_polyfills_and_compiling_fails_again_as_w
     fp4_dynamo_shim.revert()
     try:
         torch._dynamo.reset()
-        assert not hasattr(getattr(torch.ops, declared_ops.NAMESPACE), "run_single_decode")
+        assert not hasattr(getattr(torch.ops, declared_layer.NAMESPACE), "run_single_decode")
         with pytest.raises(torch._dynamo.exc.Unsupported):
             torch.compile(call, fullgraph=True, backend="aot_eager")(q, k, v)
     finally:

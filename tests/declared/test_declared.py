@@ -22,7 +22,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks
 from _fp4_dynamo_shim.declared import scan
-from _fp4_dynamo_shim.declared import layer as declared_ops
+from _fp4_dynamo_shim.declared import declared_layer
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.declared import polyfill
 from fp4_dynamo_shim.errors import ApplyError
@@ -51,7 +51,7 @@ def every_op():
     gate has it put back by the conftest fixture when its own monkeypatch restores the variable."""
     with pytest.MonkeyPatch.context() as patch:
         layer = _reapply(patch, "all")
-        patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
+        patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
         yield layer
     fp4_dynamo_shim.revert()
     assert fp4_dynamo_shim.apply()
@@ -62,7 +62,7 @@ class _TraceOnly(checks._TraceOnly):
 
     def ops(self):
         return sorted({str(node.target) for graph in self.graphs for node in graph.graph.nodes
-                       if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target)})
+                       if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)})
 
 
 def _fake_call(example):
@@ -113,12 +113,12 @@ def test_public_function_traces_to_the_declared_op_with_no_graph_break(every_op,
             pytest.skip("asks torch.cuda.is_current_stream_capturing(): only a GPU answers (GPU test)")
         raise
     assert len(backend.graphs) == 1  # fullgraph: a break would have raised
-    assert backend.ops(), f"{example.name} traced without reaching any {declared_ops.NAMESPACE} op"
+    assert backend.ops(), f"{example.name} traced without reaching any {declared_layer.NAMESPACE} op"
     # Each op's fake outputs sit on the inputs' device: opcheck on the H200 found FlashInfer's merge_states
     # fake allocating on the CPU (declared/rules.py REPLACED_FAKES), which tracing alone lets through.
     for graph in backend.graphs:
         for node in graph.graph.nodes:
-            if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target):
+            if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target):
                 devices = {value.device.type for value in torch.utils._pytree.tree_leaves(node.meta.get("example_value"))
                            if isinstance(value, torch.Tensor)}
                 assert devices <= {"cuda"}, (str(node.target), devices)
@@ -216,7 +216,7 @@ def test_eager_calls_keep_flashinfers_own_function_objects(every_op):
     whatever module bound them."""
     applied = _flashinfer_globals()
     generated = sorted(f"{n}.{k}" for (n, k), v in applied.items()
-                       if getattr(getattr(v, "__code__", None), "co_filename", "").startswith(f"<{declared_ops.NAMESPACE}"))
+                       if getattr(getattr(v, "__code__", None), "co_filename", "").startswith(f"<{declared_layer.NAMESPACE}"))
     assert generated == []
     fp4_dynamo_shim.revert()
     reverted = _flashinfer_globals()
@@ -231,7 +231,7 @@ def test_revert_destroys_every_op_and_takes_every_polyfill_back(every_op):
     registered = list(every_op["registered"].values())
     assert polyfill.is_polyfilled(flashinfer.norm.layernorm)
     fp4_dynamo_shim.revert()
-    namespace = getattr(torch.ops, declared_ops.NAMESPACE)
+    namespace = getattr(torch.ops, declared_layer.NAMESPACE)
     left = [op for op in registered if hasattr(namespace, op.split("::")[1])]
     assert left == []
     assert not polyfill.is_polyfilled(flashinfer.norm.layernorm)
@@ -267,9 +267,9 @@ def test_the_default_gate_registers_exactly_what_sglang_calls_raw(monkeypatch):
     files = [package.parent.joinpath(*module.split(".")) for module, _ in rules.SGLANG]
     files = [f / "__init__.py" if f.is_dir() else f.with_suffix(".py") for f in files]
     present = {(d.module, d.name) for d in scan.scan_files(package, [f for f in files if f.exists()]).declarations}
-    expected = {f"{declared_ops.NAMESPACE}::{name}" for module, name in rules.SGLANG if (module, name) in present}
+    expected = {f"{declared_layer.NAMESPACE}::{name}" for module, name in rules.SGLANG if (module, name) in present}
     assert set(layer["registered"].values()) == expected
-    assert f"{declared_ops.NAMESPACE}::layernorm" in expected  # every release 0.5.3-0.7.4 declares it
+    assert f"{declared_layer.NAMESPACE}::layernorm" in expected  # every release 0.5.3-0.7.4 declares it
     assert {entry["kind"] for entry in layer["not_registered"].values()} <= {"off under the gate"}
 
 
@@ -278,11 +278,11 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
     function the record names traced to its op; without one (0.7.4 has none): SGLang's set, and the status
     and every gated-off reason say there is no record. A stand-in record for the installed release shows
     the first case on any release (the real records' releases run in the matrix and on the GPU)."""
-    from _fp4_dynamo_shim.declared import proven as proven_record
+    from _fp4_dynamo_shim.declared import proven
 
     version = lifecycle.flashinfer_version()
     sglang_only = _reapply(monkeypatch, "sglang")["registered"]
-    if version not in proven_record.PROVEN:
+    if version not in proven.PROVEN:
         layer = _reapply(monkeypatch, "proven")
         assert layer["registered"] == sglang_only and layer["proven"] is None
         assert all(f"no GPU record for FlashInfer {version}" in entry["reason"]
@@ -291,15 +291,15 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
         chosen = {key: name for key, name in (("flashinfer.norm._rmsnorm_impl", "norm.rmsnorm"),
                                               ("flashinfer.rope._apply_rope", "rope.apply_rope")) if key in present}
         assert chosen, "the stand-in record needs declarations this release has"
-        record = {**dict.fromkeys(proven_record.MEASURED, "a stand-in record"), "declarations": {
+        record = {**dict.fromkeys(proven.MEASURED, "a stand-in record"), "declarations": {
             key: {"module": key.rsplit(".", 1)[0], "op": None, "functions": [name]} for key, name in chosen.items()}}
-        monkeypatch.setitem(proven_record.PROVEN, version, record)
-    record = proven_record.PROVEN[version]
+        monkeypatch.setitem(proven.PROVEN, version, record)
+    record = proven.PROVEN[version]
     layer = _reapply(monkeypatch, "proven")
     assert set(layer["registered"]) == set(sglang_only) | set(record["declarations"])
     assert layer["proven"]["flashinfer"] == version and layer["proven"]["declarations"] == len(record["declarations"])
-    assert {field: layer["proven"][field] for field in proven_record.MEASURED} == \
-        {field: record[field] for field in proven_record.MEASURED}
+    assert {field: layer["proven"][field] for field in proven.MEASURED} == \
+        {field: record[field] for field in proven.MEASURED}
     assert all("not proven on a GPU for this release" in entry["reason"]
                for entry in layer["not_registered"].values() if entry["kind"] == "off under the gate")
     for name in layer["proven"]["functions"]:
@@ -308,7 +308,7 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
             function, args, kwargs = _fake_call(example)
             torch._dynamo.reset()  # one traced code object for every call: a recompile would make floats dynamic
             with monkeypatch.context() as patch:
-                patch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))
+                patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))
                 try:
                     assert _trace(function, args, kwargs).ops(), name
                 except Exception as error:
@@ -326,7 +326,7 @@ def test_the_gate_off_registers_nothing(monkeypatch):
 
 def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
     layer = _reapply(monkeypatch, "everything")
-    assert layer["gate"] == declared_ops.DEFAULT == "proven"
+    assert layer["gate"] == declared_layer.DEFAULT == "proven"
     assert any(GATE in warning for warning in fp4_dynamo_shim.status()["warnings"])
     with pytest.raises(ApplyError, match=GATE):
         apply_with(monkeypatch, STRICT="1")
@@ -367,7 +367,7 @@ def test_one_op_failing_to_register_under_strict_refuses_the_whole_shim(monkeypa
     import flashinfer.norm
 
     assert not polyfill.is_polyfilled(flashinfer.norm.fused_add_rmsnorm)  # registered before the refusal, undone
-    assert not hasattr(getattr(torch.ops, declared_ops.NAMESPACE), "fused_add_rmsnorm")
+    assert not hasattr(getattr(torch.ops, declared_layer.NAMESPACE), "fused_add_rmsnorm")
 
 
 def test_a_number_or_a_tensor_parameter_reaches_the_op_either_way(every_op):
@@ -435,17 +435,17 @@ def test_the_record_is_chosen_by_the_version_the_lifecycle_resolved_not_by_flash
     FlashInfer whose ``__version__`` says another release (a local build, a patched copy) gets the record of
     what is installed, not of what the attribute claims."""
     import flashinfer
-    from _fp4_dynamo_shim.declared import proven as proven_record
+    from _fp4_dynamo_shim.declared import proven
 
     version = lifecycle.flashinfer_version()
-    other = next(v for v in sorted(proven_record.PROVEN) if v != version)
+    other = next(v for v in sorted(proven.PROVEN) if v != version)
     monkeypatch.setattr(flashinfer, "__version__", other)
     layer = _reapply(monkeypatch, "proven")
-    assert layer["proven"] is None if version not in proven_record.PROVEN else layer["proven"]["flashinfer"] == version
+    assert layer["proven"] is None if version not in proven.PROVEN else layer["proven"]["flashinfer"] == version
 
 
 def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeypatch):
-    from _fp4_dynamo_shim.declared import proven as proven_record
+    from _fp4_dynamo_shim.declared import proven
     from _fp4_dynamo_shim.verify import report
 
     def verify_says(gate):
@@ -453,11 +453,11 @@ def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeyp
         return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status())
 
     version = lifecycle.flashinfer_version()
-    monkeypatch.delitem(proven_record.PROVEN, version, raising=False)
+    monkeypatch.delitem(proven.PROVEN, version, raising=False)
     assert verify_says("proven").endswith("; no GPU record for the installed FlashInfer: SGLang's calls only")
     assert verify_says("all").endswith(" declarations registered; no GPU record for the installed FlashInfer")
     assert verify_says("sglang").endswith(" declarations registered")
-    monkeypatch.setitem(proven_record.PROVEN, version, {
+    monkeypatch.setitem(proven.PROVEN, version, {
         "date": "2026-12-02", "machine": "NVIDIA H200", "torch": "2.11.0+cu130", "shim": "abc1234",
         "functions_passed": 1, "functions_run": 1,
         "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
@@ -470,13 +470,13 @@ def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeyp
 def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they_become():
     """Each release's record against that release's row of the CPU table (tests/data/declared_releases.json):
     a record written from a wrong release, or left behind by a renamed declaration, fails here."""
-    from _fp4_dynamo_shim.declared import proven as proven_record
+    from _fp4_dynamo_shim.declared import proven
 
     table = json.loads(TABLE.read_text())["releases"]
-    assert proven_record.PROVEN, "no GPU record at all"
-    for version, record in proven_record.PROVEN.items():
+    assert proven.PROVEN, "no GPU record at all"
+    for version, record in proven.PROVEN.items():
         registered = table[version]["registered"]
-        assert set(record) == {*proven_record.MEASURED, "declarations"} and record["declarations"], version
+        assert set(record) == {*proven.MEASURED, "declarations"} and record["declarations"], version
         for key, entry in record["declarations"].items():
-            assert registered.get(key) == f"{declared_ops.NAMESPACE}::{entry['op']}", (version, key)
+            assert registered.get(key) == f"{declared_layer.NAMESPACE}::{entry['op']}", (version, key)
             assert key.startswith(entry["module"] + ".") and entry["functions"], (version, key)

@@ -1,4 +1,4 @@
-"""The declared-ops layer's own decisions (``declared/layer.py``), case by case: what status() says of each gate,
+"""The declared-ops layer's own decisions (``declared/declared_layer.py``), case by case: what status() says of each gate,
 each refusal's words, the wait for torch._dynamo's import and a failure there, the device-query helpers and
 their polyfills, a failure or an interruption while registering, and revert.
 
@@ -27,7 +27,7 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.declared import build
-from _fp4_dynamo_shim.declared import layer as declared_ops
+from _fp4_dynamo_shim.declared import declared_layer
 from _fp4_dynamo_shim.declared import polyfill
 from _fp4_dynamo_shim.declared import proven
 
@@ -41,7 +41,7 @@ SGLANG_KEYS = {"flashinfer.norm.layernorm", "flashinfer.norm.rmsnorm_quant",
                "flashinfer.fused_moe.fused_routing_dsv3.get_dsv3_fused_routing_module.NoAuxTc"}
 SGLANG_MODULES = "flashinfer.fused_moe.fused_routing_dsv3, flashinfer.norm"
 HELPERS = ["flashinfer.utils.get_compute_capability", "flashinfer.sampling._blackwell_softmax_capability"]
-LOGGER = "fp4_dynamo_shim.declared.layer"
+LOGGER = "fp4_dynamo_shim.declared.declared_layer"
 WARNED = "fp4_dynamo_shim"  # the one warn-once logs under the package's logger
 
 
@@ -52,7 +52,7 @@ def _reapply(monkeypatch, gate):
 
 
 def _namespace():
-    return getattr(torch.ops, declared_ops.NAMESPACE)
+    return getattr(torch.ops, declared_layer.NAMESPACE)
 
 
 @pytest.fixture
@@ -62,13 +62,13 @@ def own_layers(unpatched):
     layers = []
 
     def apply(gate, **keywords):
-        layer = declared_ops.apply(gate, VERSION, **keywords)
+        layer = declared_layer.apply(gate, VERSION, **keywords)
         layers.append(layer)
         return layer
 
     yield apply
     for layer in reversed(layers):
-        declared_ops.revert(layer)
+        declared_layer.revert(layer)
 
 
 # --- status() under the real release -----------------------------------------------------------------------
@@ -99,7 +99,7 @@ def test_the_seconds_are_the_time_registration_took_to_the_millisecond(monkeypat
     # Stand-in clock: registration starts at 1000 s and ends 123.4567 ms later (a real one would make the
     # rounding and the difference depend on the machine's speed).
     readings = [1000.0, 1000.1234567]
-    monkeypatch.setattr(declared_ops, "time", types.SimpleNamespace(
+    monkeypatch.setattr(declared_layer, "time", types.SimpleNamespace(
         perf_counter=lambda: readings.pop(0) if len(readings) > 1 else readings[0]))
     layer = _reapply(monkeypatch, "sglang")
     assert layer["seconds"] == 0.123 and isinstance(layer["seconds"], float)
@@ -136,9 +136,9 @@ def test_the_gate_off_reads_nothing_and_says_so(monkeypatch):
 
 def test_a_reverted_layer_says_so():
     """What a layer's import hook reads when torch._dynamo comes after revert (and what describe() shows)."""
-    layer = declared_ops.apply("off", VERSION)
-    declared_ops.revert(layer)
-    assert declared_ops.describe(layer)["state"] == "reverted"
+    layer = declared_layer.apply("off", VERSION)
+    declared_layer.revert(layer)
+    assert declared_layer.describe(layer)["state"] == "reverted"
 
 
 # --- the wait for torch._dynamo --------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def _applied_before_dynamo(apply, monkeypatch, gate="sglang"):
     with monkeypatch.context() as patch:
         patch.delitem(sys.modules, "torch._dynamo")
         layer = apply(gate)
-        before = declared_ops.describe(layer)
+        before = declared_layer.describe(layer)
     return layer, before
 
 
@@ -160,7 +160,7 @@ def test_a_layer_applied_before_torch_dynamo_waits_then_registers_when_it_is_imp
     assert (before["state"], before["scanned"], before["counts"]["declared"], before["registered"]) == (
         "waiting for torch._dynamo to be imported", "not yet", 0, {})
     wrapt.notify_module_loaded(sys.modules["torch._dynamo"])
-    after = declared_ops.describe(layer)
+    after = declared_layer.describe(layer)
     assert (after["state"], after["scanned"], set(after["registered"])) == (
         "registered", f"the sglang gate's modules: {SGLANG_MODULES}", SGLANG_KEYS)
 
@@ -175,7 +175,7 @@ def test_a_failure_when_torch_dynamo_is_imported_is_logged_and_recorded_not_rais
     with caplog.at_level("WARNING", logger=WARNED):
         wrapt.notify_module_loaded(sys.modules["torch._dynamo"])  # returns: the import goes on
     state = "failed: RuntimeError: injected: the fragment could not be made"
-    assert declared_ops.describe(layer)["state"] == state
+    assert declared_layer.describe(layer)["state"] == state
     assert [r.getMessage() for r in caplog.records if r.name == WARNED] == [
         f"fp4_dynamo_shim: FlashInfer's declared ops were not registered: {state}"]
 
@@ -261,23 +261,23 @@ def test_a_helper_another_library_already_substitutes_fails_every_op_it_serves(m
 def test_capabilities_are_read_at_apply_for_every_visible_gpu(own_layers, monkeypatch):
     """Stand-in: two GPUs of different capabilities (a CPU-only torch has none); only the layer's apply sees
     them, since it is the one that asks."""
-    monkeypatch.setattr(declared_ops, "CAPABILITIES", {})
+    monkeypatch.setattr(declared_layer, "CAPABILITIES", {})
     gpus = {0: (9, 0), 1: (10, 0)}
     with monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
         patch.setattr(torch.cuda, "device_count", lambda: 2)
         patch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[0 if device is None else device])
         layer = own_layers("sglang")
-    assert declared_ops.describe(layer)["failed"] == []
-    assert declared_ops.CAPABILITIES == gpus
+    assert declared_layer.describe(layer)["failed"] == []
+    assert declared_layer.CAPABILITIES == gpus
 
 
 def test_the_traced_device_query_answers_from_the_capabilities_read_at_apply(monkeypatch):
     """What Dynamo traces for ``get_compute_capability``: the recorded capability of the device's index, or
     of the current device for a bare "cuda", and FlashInfer's own error for any other device. Stand-ins: the
     two GPUs' capabilities and the current device (1), which a CPU-only torch cannot give."""
-    monkeypatch.setitem(declared_ops.CAPABILITIES, 0, (9, 0))
-    monkeypatch.setitem(declared_ops.CAPABILITIES, 1, (10, 0))
+    monkeypatch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))
+    monkeypatch.setitem(declared_layer.CAPABILITIES, 1, (10, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     query = flashinfer.utils.get_compute_capability
 
@@ -429,7 +429,7 @@ def _failing_broken_getter(monkeypatch):
 
 def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reason(stand_in_release, monkeypatch):
     _failing_broken_getter(monkeypatch)
-    layer = declared_ops.describe(stand_in_release())
+    layer = declared_layer.describe(stand_in_release())
     assert (layer["state"], layer["scanned"]) == ("registered", "every file of the package")
     refused = {key: (entry["kind"], entry["reason"]) for key, entry in layer["not_registered"].items()}
     assert refused[_key("_own")] == (
@@ -448,8 +448,8 @@ def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reaso
         "out of scope", "distributed communication (process groups, IPC handles, shared workspaces): outside a "
                         "single-GPU traced region; out of scope")
     # A getter's computed name is the getter's business: the op is named after the function.
-    assert layer["registered"] == {_key("_plain"): f"{declared_ops.NAMESPACE}::{PREFIX}_plain",
-                                   _key("_op", ("get_module",)): f"{declared_ops.NAMESPACE}::op"}
+    assert layer["registered"] == {_key("_plain"): f"{declared_layer.NAMESPACE}::{PREFIX}_plain",
+                                   _key("_op", ("get_module",)): f"{declared_layer.NAMESPACE}::op"}
     assert sorted(layer["by_module"]) == [COMM_MODULE, MODULE]
 
 
@@ -459,7 +459,7 @@ def test_a_getter_whose_polyfill_fails_lists_the_members_it_had_built_as_failed(
     _failing_broken_getter(monkeypatch)
     switches.warned.clear()  # said once per process: the same failure may have been said by another test
     with caplog.at_level("WARNING", logger=WARNED):
-        layer = declared_ops.describe(stand_in_release())
+        layer = declared_layer.describe(stand_in_release())
     broken = ("get_broken_module",)
     first, second = _key("_first", broken), _key("_second", broken)
     reason = "get_broken_module's polyfill: RuntimeError: injected: the polyfill did not compile"

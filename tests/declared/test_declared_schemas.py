@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 import declared_examples
 import fp4_dynamo_shim
-from _fp4_dynamo_shim.declared import layer
+from _fp4_dynamo_shim.declared import declared_layer
 from helpers import apply_with
 
 NO_CPU_ANSWER = ("_cuda_isCurrentStreamCapturing", "is_current_stream_capturing", "Torch not compiled with CUDA",
@@ -42,7 +42,7 @@ def _stand_in(op, name: str, calls: collections.Counter):
     schema = op._schema
     written = [index for index, argument in enumerate(schema.arguments)
                if argument.alias_info is not None and argument.alias_info.is_write]
-    fake = torch._library.simple_registry.singleton.find(f"{layer.NAMESPACE}::{name}").fake_impl.kernel
+    fake = torch._library.simple_registry.singleton.find(f"{declared_layer.NAMESPACE}::{name}").fake_impl.kernel
 
     def kernel(*args, **kwargs):
         calls[name] += 1
@@ -67,10 +67,10 @@ def stand_in_kernels():
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
-        patch.setitem(layer.CAPABILITIES, 0, (9, 0))  # no GPU to ask: what test_declared.py stands in too
-        library = torch.library.Library(layer.NAMESPACE, "IMPL")
+        patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # no GPU to ask: what test_declared.py stands in too
+        library = torch.library.Library(declared_layer.NAMESPACE, "IMPL")
         calls = collections.Counter()
-        namespace = getattr(torch.ops, layer.NAMESPACE)
+        namespace = getattr(torch.ops, declared_layer.NAMESPACE)
         for qualified in status["flashinfer_ops"]["registered"].values():
             name = qualified.split("::")[1]
             library.impl(name, _stand_in(getattr(namespace, name).default, name, calls), "CPU")

@@ -16,11 +16,11 @@ import torch
 import fp4_oracle
 from nvfp4_inputs import row_of
 from _fp4_dynamo_shim.fp4 import reference
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 from _fp4_dynamo_shim.fp4.arithmetic import FourOverSix, Recipe
 
 
-ROW_0_6_12 = releases.target_for("0.6.12").arithmetic
+ROW_0_6_12 = fp4_releases.target_for("0.6.12").arithmetic
 
 
 def test_fast_math_off_caps_a_nan_output_scale_at_flt_max():
@@ -60,7 +60,7 @@ def test_0_6_12_fast_math_off_four_over_six_multiplies_amax_by_g_over_six():
     g = torch.tensor([14.517072677612305])
     mode = fp4_oracle.Mode(fast_math=False, four_over_six=True)
     for release, byte in (("0.6.12", 87), ("0.6.13", 88)):
-        arithmetic = releases.target_for(release).arithmetic  # the row's formula column decides
+        arithmetic = fp4_releases.target_for(release).arithmetic  # the row's formula column decides
         _, sf = reference.quantize(x, g, 16, False, recipe=Recipe(arithmetic, False, FourOverSix()))
         assert sf.tolist() == [[byte]], release
         assert fp4_oracle.quantize(x.float().tolist(), g.tolist(), 16, False, mode=mode, release=release)[1] == [[byte]]
@@ -113,7 +113,7 @@ def test_oracle_and_reference_agree_on_a_hand_computed_block():
 def test_an_mxfp4_scale_below_two_to_the_minus_127_rounds_to_byte_0():
     # 0.7.4 keeps subnormals in MXFP4: amax 2^-130 / 6 = 2^-132.6, whose power of two rounded up (2^-132) is
     # below e8m0's smallest, 2^-127: byte 0 (cuda_fp8.hpp saturates there), and the block's codes are 0.
-    arithmetic = releases.target_for("0.7.4").arithmetic
+    arithmetic = fp4_releases.target_for("0.7.4").arithmetic
     x = torch.full((1, 32), 2.0 ** -130, dtype=torch.bfloat16)
     packed, sf = reference.quantize(x, None, 32, True, recipe=Recipe(arithmetic))
     assert sf.tolist() == [[0]] and packed.tolist() == [[0] * 16]

@@ -19,7 +19,7 @@ import torch
 from packaging.specifiers import SpecifierSet
 
 from _fp4_dynamo_shim.fp4 import family
-from _fp4_dynamo_shim.fp4 import replacement as wrapper
+from _fp4_dynamo_shim.fp4 import replacement
 
 EVERY_RELEASE = SpecifierSet()
 
@@ -77,7 +77,7 @@ def made_up_release(monkeypatch):
     fp4 = types.ModuleType("made_up_fp4")
     fp4.SfLayout = flashinfer.SfLayout
     fp4.plain, fp4.variadic = _plain, _variadic
-    fp4.already = wrapper.build_forwarding(_plain, lambda **arguments: "the shim's")
+    fp4.already = replacement.build_forwarding(_plain, lambda **arguments: "the shim's")
     gemm = types.ModuleType("made_up_gemm")
     gemm.gemm = _gemm
     monkeypatch.setitem(sys.modules, fp4.__name__, fp4)
@@ -103,19 +103,19 @@ def test_each_function_is_reported_and_the_walk_goes_on_past_the_ones_it_skips(m
         "gemm": "op-backed (made_up_gemm)",  # looked up in its own module, not in the fp4 module
     }
     assert {name: original for name, (original, _) in replaced.items()} == {"plain": _plain, "gemm": _gemm}
-    assert all(wrapper.is_shim(replacement) for _, replacement in replaced.values())
+    assert all(replacement.is_shim(function) for _, function in replaced.values())
 
 
 def test_a_replacement_hands_its_member_the_release_context_and_falls_back_on_the_original(made_up_release):
     fp4, _ = made_up_release
     replaced, _ = family.build_replacements("0.6.12", fp4, "fp4_quantize replacement", "recipe")
-    original, replacement = replaced["plain"]
-    said, context, arguments = replacement(1)
+    original, forwarding = replaced["plain"]
+    said, context, arguments = forwarding(1)
     assert (said, arguments) == ("implemented", {"a": 1, "b": 2})
     assert (context.fp4_quantize, context.SfLayout, context.recipe) == ("fp4_quantize replacement",
                                                                          flashinfer.SfLayout, "recipe")
     # What the member refuses runs as FlashInfer's own function, eagerly.
-    assert replacement("refuse", b=3) == ("FlashInfer's own", "refuse", 3)
+    assert forwarding("refuse", b=3) == ("FlashInfer's own", "refuse", 3)
 
 
 # --- make_dispatch: a refused call under torch.compile -----------------------------------------------------------
@@ -164,7 +164,7 @@ def ops(monkeypatch):
 
 
 class RecordingRecipe:
-    """Stands in for ``wrapper.Recipe``: records the input it is asked about and answers code 7."""
+    """Stands in for ``replacement.Recipe``: records the input it is asked about and answers code 7."""
 
     def __init__(self):
         self.inputs = []

@@ -1,4 +1,4 @@
-"""The FP4 layer as one record: what ``fp4.layer.apply`` hands each of its steps, what it leaves behind when a
+"""The FP4 layer as one record: what ``fp4_layer.apply`` hands each of its steps, what it leaves behind when a
 step fails, and the words its ``skipped()`` and ``describe()`` give ``status()`` for each kind of GPU.
 
 The layer is applied here the way ``apply()`` applies it (the installed release's version, its row of
@@ -20,13 +20,13 @@ import torch
 
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.errors import ApplyError
-from _fp4_dynamo_shim.fp4 import devices, family, family_ops, flashinfer_op, kernels, quantize_op, releases, replacement
-from _fp4_dynamo_shim.fp4 import layer as fp4_layer
+from _fp4_dynamo_shim.fp4 import devices, family, family_ops, flashinfer_op, kernels, quantize_op, fp4_releases, replacement
+from _fp4_dynamo_shim.fp4 import fp4_layer
 from nvfp4_inputs import nvfp4_input
 import stand_in_gpu
 
 VERSION = lifecycle.flashinfer_version()
-TARGET = releases.target_for(VERSION)
+TARGET = fp4_releases.target_for(VERSION)
 OP_KEY = "torch.ops.flashinfer.fp4_quantize"
 NO_GPU = "JIT build/load: no GPU visible (CPU tensors use the reference quantizer)"
 
@@ -99,7 +99,7 @@ def test_describe_gives_status_every_key_of_the_layer():
     layer = fp4_layer.Fp4Layer(TARGET, devices=[B200, H200], family=report)
     described = layer.describe()
     assert described == {
-        "target": releases.describe(TARGET),
+        "target": fp4_releases.describe(TARGET),
         "op": "fp4_dynamo_shim::fp4_quantize",
         "family": {"nvfp4_quantize": "op-backed (a module)", OP_KEY: "repaired while applied (words)"},
         "devices": [

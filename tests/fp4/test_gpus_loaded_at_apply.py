@@ -34,9 +34,9 @@ from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import rebind
 from _fp4_dynamo_shim.errors import NoFp4KernelError
 from _fp4_dynamo_shim import switches
-from _fp4_dynamo_shim.fp4 import kernels, quantize_op, releases
+from _fp4_dynamo_shim.fp4 import kernels, quantize_op, fp4_releases
 from _fp4_dynamo_shim.fp4.kernels import LoadedDevice
-from _fp4_dynamo_shim.fp4.layer import Fp4Layer
+from _fp4_dynamo_shim.fp4.fp4_layer import Fp4Layer
 
 LOGGER = "fp4_dynamo_shim.fp4.kernels"
 GPUS = (("NVIDIA B200", (10, 0)), ("NVIDIA H100 80GB HBM3", (9, 0)), ("NVIDIA A100-SXM4-80GB", (8, 0)))
@@ -194,7 +194,7 @@ def test_a_jit_module_without_fp4_quantize_stops_the_load_naming_its_public_func
                                  "(its functions: block_scale_interleave, fp4_quantize_renamed)")
 
 
-@pytest.mark.parametrize("target", releases.TARGETS, ids=lambda target: str(target.versions))
+@pytest.mark.parametrize("target", fp4_releases.TARGETS, ids=lambda target: str(target.versions))
 @pytest.mark.parametrize("default, given, passed", [(True, None, True), (False, None, False),
                                                     (True, False, False), (False, True, True)])
 def test_the_kernel_launcher_passes_the_release_argument_order_and_resolves_enable_pdl(target, default, given,
@@ -211,14 +211,14 @@ def test_the_kernel_launcher_passes_the_release_argument_order_and_resolves_enab
 def test_the_oldest_and_newest_kernel_entries_take_their_scalars_in_these_orders():
     """The table's two ends written out, so a reordered row shows here and not only on a GPU."""
     orders = {}
-    for target in (releases.TARGETS[0], releases.TARGETS[-1]):
+    for target in (fp4_releases.TARGETS[0], fp4_releases.TARGETS[-1]):
         module = stand_in_gpu.RecordingModule()
         kernels.make_kernel_launcher(module.fp4_quantize, target, True)(*TENSORS, *SCALARS.values())
         orders[str(target.versions)] = module.calls[0][len(TENSORS):]
     assert orders == {
-        str(releases.TARGETS[0].versions): ("<sf_vec_size>", "<sf_use_ue8m0>", "<is_sf_swizzled_layout>",
+        str(fp4_releases.TARGETS[0].versions): ("<sf_vec_size>", "<sf_use_ue8m0>", "<is_sf_swizzled_layout>",
                                             "<is_sf_8x4_layout>", "<enable_pdl>"),
-        str(releases.TARGETS[-1].versions): ("<sf_vec_size>", "<sf_use_ue8m0>", "<is_sf_swizzled_layout>",
+        str(fp4_releases.TARGETS[-1].versions): ("<sf_vec_size>", "<sf_use_ue8m0>", "<is_sf_swizzled_layout>",
                                              "<is_sf_8x4_layout>", "<is_global_scale_inversed>", "<enable_pdl>",
                                              "<nvfp4_4over6_code>"),
     }

@@ -12,7 +12,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from torch.library import opcheck
 
 from _fp4_dynamo_shim.fp4 import quantize_op
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 
 from release_facts import FACTS
 
@@ -53,7 +53,7 @@ def _meta(tensors):
     return [(tuple(t.shape), t.stride(), t.dtype, t.is_contiguous()) for t in tensors]
 
 
-@pytest.mark.parametrize("target", releases.TARGETS, ids=lambda t: str(t.versions))
+@pytest.mark.parametrize("target", fp4_releases.TARGETS, ids=lambda t: str(t.versions))
 def test_fake_matches_real_shapes_dtypes_and_strides_for_every_release_row(target, target_row):
     target_row(target)
     mode = FakeTensorMode()
@@ -75,7 +75,7 @@ def test_column_major_input_returns_transposed_views():
 
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_each_release_gets_the_row_its_wheel_calls_for(version):
-    facts, target = FACTS[version], releases.target_for(version)
+    facts, target = FACTS[version], fp4_releases.target_for(version)
     assert target is not None, f"flashinfer {version} is not covered by the targets table"
     assert (target.module, target.kernel_args, target.swizzled_sf_padded_columns, target.linear_sf_row_alignment,
             target.converts_global_scale, target.row_wise_global_scale) == (
@@ -91,7 +91,7 @@ def test_each_release_gets_the_row_its_wheel_calls_for(version):
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_swizzled_scale_factor_columns_follow_the_release(version, target_row):
     """K/sf_vec_size = 6, not a multiple of 4: viewed as (-1, 6) before 0.6.8, as (-1, 8) from 0.6.8 on."""
-    target_row(releases.target_for(version))
+    target_row(fp4_releases.target_for(version))
     arguments = (torch.tensor([1.0]), 16, False, True, False, False, None, 0)
     _, sf = quantize_op.fp4_quantize_op(make_input((384, 96), torch.float16), *arguments)
     padded = FACTS[version].swizzled_sf_padded_columns
@@ -105,7 +105,7 @@ def test_swizzled_scale_factor_columns_follow_the_release(version, target_row):
 @pytest.mark.parametrize("version", sorted(FACTS))
 def test_linear_scale_factor_buffer_is_padded_where_the_release_pads_it(version, target_row):
     """0.6.7-0.7.2 allocate round_up(M, 16) rows (the kernel may write them) and slice to M."""
-    target_row(releases.target_for(version))
+    target_row(fp4_releases.target_for(version))
     _, sf = quantize_op.fp4_quantize_op(make_input((5, 64), torch.float16), torch.tensor([1.0]), 16, False, False, False,
                                 False, None, 0)
     assert sf.shape == (5, 4)

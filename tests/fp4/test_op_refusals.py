@@ -29,11 +29,11 @@ import torch
 from _fp4_dynamo_shim.errors import InvalidArgumentError, ShimError
 from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim.fp4 import quantize_op
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64
-CONVERTS = releases.target_for("0.7.4")  # converts the scale to float32 on the input's device; one per row allowed
-VALIDATES = releases.target_for("0.6.12")  # the scale must already be float32, one element, on the input's device
+CONVERTS = fp4_releases.target_for("0.7.4")  # converts the scale to float32 on the input's device; one per row allowed
+VALIDATES = fp4_releases.target_for("0.6.12")  # the scale must already be float32, one element, on the input's device
 NVFP4_LINEAR = (16, False, False, False, False, None, 0)  # sf_vec_size .. nvfp4_4over6_code, linear layout
 MXFP4_LINEAR = (32, True, False, False, False, None, 0)
 

@@ -25,12 +25,12 @@ from hypothesis import strategies as st
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
 import fp4_oracle
-from _fp4_dynamo_shim.fp4 import arithmetic as fp4_arithmetic
+from _fp4_dynamo_shim.fp4 import arithmetic
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.fp4 import reference
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 from helpers import apply_with, installed_target
 import stand_in_gpu
 
@@ -156,10 +156,10 @@ def test_a_row_wise_global_scale_scales_each_row_by_its_own_value(data, g):
 @given(data=st.data(), g=global_scales, inversed=st.booleans())
 def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, data, g, inversed):
     release = fp4_oracle.release_of(version)
-    arithmetic = releases.target_for(version).arithmetic
+    row_arithmetic = fp4_releases.target_for(version).arithmetic
     environ = data.draw(environments())
     code = None
-    if arithmetic.four_over_six == "code":  # 0.7.1+: the code FlashInfer's Python passes (-1: the environment)
+    if row_arithmetic.four_over_six == "code":  # 0.7.1+: the code FlashInfer's Python passes (-1: the environment)
         code = data.draw(st.sampled_from([-1, 0, 1, 5, 17, 21, 3, 2, 8, 33]))
     nvfp4 = data.draw(st.booleans())
     x, values = data.draw(matrices(16 if nvfp4 else 32, rows=st.sampled_from([1, 2, 3]), max_blocks=3))
@@ -168,13 +168,13 @@ def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, d
         want_mode = oracle_mode(release, environ, code)
     except ValueError:
         with pytest.raises(ValueError):
-            fp4_arithmetic.recipe(arithmetic, code or 0, environ)
+            arithmetic.recipe(row_arithmetic, code or 0, environ)
         return
     if fp8 or not nvfp4:  # only NVFP4 from 16-bit input has 4over6 (FlashInfer passes code 0 for the rest)
         assume(code in (None, 0, -1))
         want_mode = fp4_oracle.Mode(want_mode.fast_math)
         code = 0 if code is not None else None
-    recipe = fp4_arithmetic.recipe(arithmetic, code or 0, environ)
+    recipe = arithmetic.recipe(row_arithmetic, code or 0, environ)
     packed, sf = reference.quantize(x, torch.tensor([g]), 16 if nvfp4 else 32, not nvfp4, inversed, recipe=recipe)
     want = fp4_oracle.quantize(values, [g], 16 if nvfp4 else 32, not nvfp4, fp8, inversed, want_mode, release)
     assert (packed.tolist(), sf.tolist()) == want
@@ -201,12 +201,12 @@ def _battery_values(rng, blocks, size):
 def _battery_call(case):
     """(reference bytes, oracle bytes) of one call given as plain data (a battery entry, or one from
     tests/data/fp4_cases.json)."""
-    release, arithmetic = fp4_oracle.release_of(case["version"]), releases.target_for(case["version"]).arithmetic
+    release, row_arithmetic = fp4_oracle.release_of(case["version"]), fp4_releases.target_for(case["version"]).arithmetic
     x = torch.tensor(case["values"], dtype=torch.float32).reshape(case["rows"], -1)
     dtype = getattr(torch, case["dtype"])
     x = (x.clamp(-448, 448) if dtype is torch.float8_e4m3fn else x).to(dtype)
     setting = case["four_over_six"]
-    recipe = fp4_arithmetic.Recipe(arithmetic, case["fast_math"], fp4_arithmetic.FourOverSix(*setting) if setting else None)
+    recipe = arithmetic.Recipe(row_arithmetic, case["fast_math"], arithmetic.FourOverSix(*setting) if setting else None)
     g = case["global_scale"]
     size = 32 if case["ue8m0"] else 16
     packed, sf = reference.quantize(x, None if g is None else torch.tensor([g], dtype=torch.float32), size,
@@ -228,10 +228,10 @@ def test_every_mode_of_every_release_row_matches_the_oracle_on_a_fixed_battery()
     scales = [1.0, 2688.0, 14.517072677612305, 1.7, 2.0 ** -12, 1e-30, 3.0e30, -2.5, 0.0, float("inf")]
     cases = 0
     for version in ROW_VERSIONS:
-        arithmetic = releases.target_for(version).arithmetic
-        fast_maths = (True, False) if arithmetic.fast_math_switches else (True,)
+        row_arithmetic = fp4_releases.target_for(version).arithmetic
+        fast_maths = (True, False) if row_arithmetic.fast_math_switches else (True,)
         settings = [None] + ([[mse, fast] for mse in (False, True) for fast in (False, True)]
-                             if arithmetic.four_over_six != "none" else [])
+                             if row_arithmetic.four_over_six != "none" else [])
         for fast_math in fast_maths:
             for setting in settings:
                 for ue8m0, dtype in ((False, "bfloat16"), (False, "float16"), (False, "float8_e4m3fn"),
@@ -499,15 +499,15 @@ def test_a_switch_reads_every_spelling_of_its_words_and_names_anything_else(raw)
 def test_the_reference_reads_the_kernels_switches_exactly_as_the_kernel(environ):
     # getBoolEnv: only the exact "1" is on; the error mode is upper-cased and must be MAE or MSE.
     for version in ROW_VERSIONS:
-        arithmetic = releases.target_for(version).arithmetic
+        row_arithmetic = fp4_releases.target_for(version).arithmetic
         release = fp4_oracle.release_of(version)
         try:
             want = fp4_oracle.mode_from_environment(release, environ)
         except ValueError:
             with pytest.raises(ValueError):
-                fp4_arithmetic.recipe(arithmetic, -1 if arithmetic.four_over_six == "code" else 0, environ)
+                arithmetic.recipe(row_arithmetic, -1 if row_arithmetic.four_over_six == "code" else 0, environ)
             continue
-        got = fp4_arithmetic.recipe(arithmetic, -1 if arithmetic.four_over_six == "code" else 0, environ)
+        got = arithmetic.recipe(row_arithmetic, -1 if row_arithmetic.four_over_six == "code" else 0, environ)
         assert (got.fast_math, got.four_over_six is not None) == (want.fast_math, want.four_over_six), version
         if want.four_over_six:
             assert (got.four_over_six.mse, got.four_over_six.fast_error) == (want.mse, want.fast_error), version

@@ -18,7 +18,7 @@ import torch
 
 import stand_in_gpu
 from _fp4_dynamo_shim.errors import InvalidArgumentError
-from _fp4_dynamo_shim.fp4 import quantize_op, releases
+from _fp4_dynamo_shim.fp4 import quantize_op, fp4_releases
 from _fp4_dynamo_shim.fp4 import replacement
 from nvfp4_inputs import nvfp4_input
 
@@ -160,7 +160,7 @@ def test_a_non_tensor_input_on_the_general_path_gets_the_shims_error_and_no_chai
 
 # --- the direct path of releases whose swizzled scale factors are (-1, K/16) (before 0.6.8) ---------------
 
-UNPADDED = next(target for target in releases.TARGETS if not target.swizzled_sf_padded_columns)
+UNPADDED = next(target for target in fp4_releases.TARGETS if not target.swizzled_sf_padded_columns)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import traceback
 
 import torch
 
-from _fp4_dynamo_shim.declared import layer
+from _fp4_dynamo_shim.declared import declared_layer
 
 
 def _tensors(value):
@@ -68,7 +68,7 @@ class _OpCalls(torch.fx.Interpreter):
         self.calls = calls
 
     def call_function(self, target, args, kwargs):
-        if layer.NAMESPACE in str(target) and str(target) not in self.calls:
+        if declared_layer.NAMESPACE in str(target) and str(target) not in self.calls:
             self.calls[str(target)] = (target, _clone(args), dict(kwargs))
         return super().call_function(target, args, kwargs)
 
@@ -100,7 +100,7 @@ def check(example) -> dict:
     try:
         explanation = torch._dynamo.explain(call)(*_clone(args))
         ops = sorted({str(node.target) for graph in explanation.graphs for node in graph.graph.nodes
-                      if layer.NAMESPACE in str(node.target)})
+                      if declared_layer.NAMESPACE in str(node.target)})
         report.update(graphs=explanation.graph_count, graph_breaks=explanation.graph_break_count, ops=ops,
                       break_reasons=[str(reason.reason)[:200] for reason in explanation.break_reasons])
         report["traced"] = explanation.graph_count == 1 and explanation.graph_break_count == 0 and bool(ops)

@@ -13,7 +13,7 @@ import torch
 
 from battery import ALL_META_CASES, CALLERS, CASES, GPU_CASES, META_CASES, Case, assert_carries, caller_for
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 from fp4_dynamo_shim.errors import InvalidArgumentError
 
 #: Errors FlashInfer raises only by accident (an ``assert`` in its Python code, a stride lookup).
@@ -35,7 +35,7 @@ def stale_cuda_error():
 @pytest.mark.parametrize("case", CASES + GPU_CASES, ids=lambda c: c.name)
 def test_never_less_strict_than_flashinfer(case: Case, device_mode):
     original = lifecycle.original_function()
-    target = releases.target_for(lifecycle.flashinfer_version())
+    target = fp4_releases.target_for(lifecycle.flashinfer_version())
     args, kwargs = case.build("cuda")
     try:
         expected = original(*args, **kwargs)

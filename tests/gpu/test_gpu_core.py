@@ -17,7 +17,7 @@ from torch.library import opcheck
 
 from _fp4_dynamo_shim.fp4 import quantize_op
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 from fp4_dynamo_shim.errors import NoFp4KernelError
 from gpu_support import capture_and_replay, has_fp4_kernel, meta, no_host_sync
 from nvfp4_inputs import nvfp4_input
@@ -31,7 +31,7 @@ inputs = functools.partial(nvfp4_input, device="cuda")
 
 SHAPES = [dict(), dict(rows=1), dict(rows=300), dict(layout="column-major"), dict(layout="3-D"),
           dict(dtype=torch.float16), dict(dtype=torch.float8_e4m3fn)]
-if releases.target_for(lifecycle.flashinfer_version()).swizzled_sf_padded_columns:
+if fp4_releases.target_for(lifecycle.flashinfer_version()).swizzled_sf_padded_columns:
     SHAPES.append(dict(columns=96))  # K/16 = 6, not a multiple of 4 (before 0.6.8 FlashInfer's reshape rejects it)
 
 

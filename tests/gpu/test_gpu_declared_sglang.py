@@ -16,10 +16,10 @@ import torch
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim.verify import sglang
-from _fp4_dynamo_shim.sglang import releases
+from _fp4_dynamo_shim.sglang import sglang_releases
 
 
-release = releases.release_for(releases.installed_version())
+release = sglang_releases.release_for(sglang_releases.installed_version())
 
 
 class _IndexerKeyNorm(torch.nn.Module):

@@ -55,7 +55,7 @@ import pytest
 import torch
 
 from _fp4_dynamo_shim.routes import site_files
-from _fp4_dynamo_shim.sglang import releases
+from _fp4_dynamo_shim.sglang import sglang_releases
 
 ENGINE = Path(__file__).resolve().parent / "engine"
 sys.path.insert(0, str(ENGINE))
@@ -83,7 +83,7 @@ ENGINES = {
                             r"Capture target prefill CUDA graph end\. elapsed=([\d.]+) s", False,
                             ("fp4_utils._flashinfer_fp4_quantize", "modelopt.flashinfer_fp4_gemm")),
 }
-INSTALLED = releases.installed_version()
+INSTALLED = sglang_releases.installed_version()
 RELEASE = ENGINES.get(INSTALLED)
 _chosen = os.environ.get("FP4_DYNAMO_SHIM_TEST_ENGINE_ARCHITECTURES")
 ARCHITECTURES = ([a for a in _chosen.split(",") if a] if _chosen else list(RELEASE.architectures)) if RELEASE else []
@@ -174,9 +174,9 @@ def _times_table(results) -> str:
 def engines(tmp_path_factory):
     """Every (architecture, case) engine, all started at once on the one GPU; their results by key."""
     routes = site_files.installed_routes()
-    assert routes["pth"] and releases.plugin_entry_point(), (
+    assert routes["pth"] and sglang_releases.plugin_entry_point(), (
         "install the shim as a wheel in a site directory for the hook and plugin routes "
-        f"(routes here: {routes}, plugin: {releases.plugin_entry_point()})")
+        f"(routes here: {routes}, plugin: {sglang_releases.plugin_entry_point()})")
     root = tmp_path_factory.mktemp("engines")
     models = {(arch, bf16): checkpoints.write_checkpoint(arch, root / "models" / f"{arch}-{bf16}", bf16=bf16)
               for arch in ARCHITECTURES for bf16 in (False, True)}
@@ -235,7 +235,7 @@ def test_without_the_shim_sglangs_own_ops_serve_with_prefill_graphs(engines, arc
     run = engines[(architecture, "off")]
     _served_with_prefill_graphs(run)
     assert all(not s.get("shim_imported") or not s["shim"]["applied"] for s in run["schedulers"])
-    assert "not needed on its default path" in releases.describe()["need"]
+    assert "not needed on its default path" in sglang_releases.describe()["need"]
 
 
 @pytest.mark.parametrize("case", ROUTES)

@@ -15,9 +15,9 @@ import torch
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.verify import sglang
-from _fp4_dynamo_shim.sglang import releases
+from _fp4_dynamo_shim.sglang import sglang_releases
 
-release = releases.release_for(releases.installed_version())
+release = sglang_releases.release_for(sglang_releases.installed_version())
 pytestmark = pytest.mark.skipif(release is None or not release.compile_path_check,
                                 reason="needs an SGLang whose compile path verify drives (0.5.3.post2-0.5.9); "
                                        "0.5.11's real engine is tests/gpu/test_gpu_engine.py")

@@ -57,7 +57,7 @@ def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_u
     import flashinfer
 
     original = flashinfer.fp4_quantize
-    target_module = lifecycle.targets.target_for(lifecycle.flashinfer_version()).module
+    target_module = lifecycle.fp4_releases.target_for(lifecycle.flashinfer_version()).module
     real_import = importlib.import_module
 
     def import_module(name, *args):

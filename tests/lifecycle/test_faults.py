@@ -39,11 +39,11 @@ def test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so(tm
 def _apply_in_child(queue):
     import flashinfer as child_flashinfer
 
-    import fp4_dynamo_shim as shim
+    import fp4_dynamo_shim
 
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     packed, _ = child_flashinfer.fp4_quantize(x, torch.tensor([1.0]))
-    queue.put((shim.status()["applied"], tuple(packed.shape)))
+    queue.put((fp4_dynamo_shim.status()["applied"], tuple(packed.shape)))
 
 
 @pytest.mark.slow

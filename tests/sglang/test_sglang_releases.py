@@ -16,7 +16,7 @@ import pytest
 
 from _fp4_dynamo_shim.verify import sglang
 from _fp4_dynamo_shim.fp4 import family
-from _fp4_dynamo_shim.sglang import releases
+from _fp4_dynamo_shim.sglang import sglang_releases
 from _fp4_dynamo_shim.sglang import source
 
 import sglang_facts
@@ -26,24 +26,24 @@ FACTS = json.loads(sglang_facts.FACTS_FILE.read_text())
 
 def test_facts_cover_every_release_from_0_5_3_post1_to_the_tables_last():
     assert list(FACTS) == list(sglang_facts.RELEASES)
-    assert sglang_facts.RELEASES[-1] == releases.LAST_KNOWN
+    assert sglang_facts.RELEASES[-1] == sglang_releases.LAST_KNOWN
 
 
 @pytest.mark.parametrize("version", sglang_facts.RELEASES)
 def test_the_row_for_each_release_agrees_with_its_wheel(version):
-    assert releases.disagreements(version, FACTS[version], FACTS[version]["pins"]) == []
+    assert sglang_releases.disagreements(version, FACTS[version], FACTS[version]["pins"]) == []
 
 
 @pytest.mark.parametrize("version", [v for v in sglang_facts.RELEASES if v != "0.5.3.post1"])
 def test_every_release_with_a_compiled_graph_has_its_pins_written_down(version):
-    assert version in releases.PINS
+    assert version in sglang_releases.PINS
 
 
 def _with_row(monkeypatch, version, **changes):
-    rows = list(releases.SGLANG_RELEASES)
-    index = next(i for i, row in enumerate(rows) if row is releases.release_for(version))
+    rows = list(sglang_releases.SGLANG_RELEASES)
+    index = next(i for i, row in enumerate(rows) if row is sglang_releases.release_for(version))
     rows[index] = dataclasses.replace(rows[index], **changes)
-    monkeypatch.setattr(releases, "SGLANG_RELEASES", tuple(rows))
+    monkeypatch.setattr(sglang_releases, "SGLANG_RELEASES", tuple(rows))
 
 
 _RAW_QWEN3_5 = ("raw silu_and_mul_scaled_nvfp4_experts_quantize under a torch.compile prefill graph: the table says "
@@ -74,12 +74,12 @@ _RAW_RMSNORM_QUANT = "raw rmsnorm_quant under a torch.compile prefill graph: the
 ])
 def test_a_wrong_row_is_caught_by_the_wheels_facts_in_words_that_say_where(monkeypatch, version, field, wrong, said):
     _with_row(monkeypatch, version, **{field: wrong})
-    assert releases.disagreements(version, FACTS[version], FACTS[version]["pins"]) == said
+    assert sglang_releases.disagreements(version, FACTS[version], FACTS[version]["pins"]) == said
 
 
 def test_wrong_pins_are_caught(monkeypatch):
-    monkeypatch.setitem(releases.PINS, "0.5.14", releases.Pins("2.11.0", "0.6.11.post1", "0.4.4"))
-    assert releases.disagreements("0.5.14", FACTS["0.5.14"], FACTS["0.5.14"]["pins"]) == [
+    monkeypatch.setitem(sglang_releases.PINS, "0.5.14", sglang_releases.Pins("2.11.0", "0.6.11.post1", "0.4.4"))
+    assert sglang_releases.disagreements("0.5.14", FACTS["0.5.14"], FACTS["0.5.14"]["pins"]) == [
         "pins: the table says {'torch': '2.11.0', 'flashinfer': '0.6.11.post1', 'sglang_kernel': '0.4.4'}, "
         "the source says {'torch': '2.11.0', 'flashinfer': '0.6.12', 'sglang_kernel': '0.4.4'}"]
 
@@ -92,12 +92,12 @@ def test_wrong_pins_are_caught(monkeypatch):
      "scheduler imports its FP4 modules before load_plugins(): the table says True, the source says False"),
 ])
 def test_a_source_that_changed_under_a_row_is_caught(version, fact, value, said):
-    assert releases.disagreements(version, {**FACTS[version], fact: value}, None) == [said]
+    assert sglang_releases.disagreements(version, {**FACTS[version], fact: value}, None) == [said]
 
 
 def test_a_release_past_the_last_row_has_no_row():
-    assert releases.disagreements("0.5.99", {}, None) == [
-        f"no row for SGLang 0.5.99 (rows end at {releases.LAST_KNOWN})"]
+    assert sglang_releases.disagreements("0.5.99", {}, None) == [
+        f"no row for SGLang 0.5.99 (rows end at {sglang_releases.LAST_KNOWN})"]
 
 
 # Facts read by hand from the wheels (issue 18 quotes the same lines), not by sglang_source.
@@ -130,7 +130,7 @@ def test_facts_match_the_lines_read_by_hand(version, fact, value):
 ])
 def test_the_prefill_graph_window(version, graph, tc_piecewise):
     """On by default 0.5.10-0.5.14 (tc_piecewise in 0.5.14), opt-in tc_piecewise 0.5.15-0.5.21, gone from 0.5.22."""
-    row = releases.release_for(version)
+    row = sglang_releases.release_for(version)
     assert (row.prefill_graph, row.tc_piecewise) == (graph, tc_piecewise)
     assert (FACTS[version]["prefill_graph_default"], FACTS[version]["tc_piecewise"]) == (graph, tc_piecewise)
 
@@ -142,7 +142,7 @@ def test_the_prefill_graph_window(version, graph, tc_piecewise):
     ("0.5.23", "2.14.1", "0.7.2", "0.4.10"),
 ])
 def test_pins_as_issue_18_read_them(version, torch_pin, flashinfer_pin, kernel_pin):
-    assert releases.PINS[version] == releases.Pins(torch_pin, flashinfer_pin, kernel_pin)
+    assert sglang_releases.PINS[version] == sglang_releases.Pins(torch_pin, flashinfer_pin, kernel_pin)
 
 
 def test_covered_raw_calls_are_exactly_the_ones_the_shim_puts_behind_an_op():
@@ -151,7 +151,7 @@ def test_covered_raw_calls_are_exactly_the_ones_the_shim_puts_behind_an_op():
     from _fp4_dynamo_shim.declared import rules
 
     members = {member.name for member in family.MEMBERS} | {"fp4_quantize"} | {name for _, name in rules.SGLANG}
-    for row in releases.SGLANG_RELEASES:
+    for row in sglang_releases.SGLANG_RELEASES:
         for call in row.raw_calls:
             assert call.covered == (call.function in members), call
 
@@ -164,25 +164,25 @@ def test_covered_raw_calls_are_exactly_the_ones_the_shim_puts_behind_an_op():
     ("0.5.3.post1", "SGLang 0.5.3.post1 has no torch.compile piecewise CUDA graph: not needed; harmless"),
 ])
 def test_the_need_line(version, says):
-    assert releases.need(version, releases.release_for(version)) == says
+    assert sglang_releases.need(version, sglang_releases.release_for(version)) == says
 
 
 def test_the_need_line_names_the_opt_in_path_and_every_raw_call_it_covers():
-    line = releases.need("0.5.21", releases.release_for("0.5.21"))
+    line = sglang_releases.need("0.5.21", sglang_releases.release_for("0.5.21"))
     assert "not needed on its default path" in line
     assert "needed with --cuda-graph-backend-prefill tc_piecewise for silu_and_mul_scaled_nvfp4_experts_quantize" in line
     assert "rmsnorm_quant in the RMSNorm + FP8 quant fusion" in line and "NOT covered" not in line
 
 
 def test_a_release_newer_than_the_table_is_unknown_not_harmless():
-    assert releases.release_for("0.5.24") is None
-    assert "unknown" in releases.need("0.5.24", None)
+    assert sglang_releases.release_for("0.5.24") is None
+    assert "unknown" in sglang_releases.need("0.5.24", None)
 
 
 @pytest.mark.parametrize("version", [None, "0.5.14", "0.5.24"])
 def test_status_sglang_has_the_same_keys_whatever_is_installed(monkeypatch, version):
-    monkeypatch.setattr(releases, "installed_version", lambda: version)
-    described = releases.describe()
+    monkeypatch.setattr(sglang_releases, "installed_version", lambda: version)
+    described = sglang_releases.describe()
     assert set(described) == {"installed", "need", "needed_by_default", "piecewise_cuda_graph", "wraps_fp4_quantize",
                               "compile_path_check", "loads_plugins", "pins", "note"}
     assert (described["need"] is None) == (version is None)
@@ -276,7 +276,7 @@ def installed_sglang(tmp_path, monkeypatch):
 def test_verify_prints_the_need_line_for_the_installed_sglang(installed_sglang):
     installed_sglang()
     assert source.read_release(source.installed_reader())["fp4_quantize_binding"] == "sglang-op"
-    assert sglang.check_sglang_release("cpu") == releases.need("0.5.14", releases.release_for("0.5.14"))
+    assert sglang.check_sglang_release("cpu") == sglang_releases.need("0.5.14", sglang_releases.release_for("0.5.14"))
 
 
 def test_verify_fails_when_the_installed_source_binds_flashinfer_otherwise(installed_sglang):
@@ -307,11 +307,11 @@ def test_verify_names_every_disagreement_and_the_need_line(installed_sglang):
     installed_sglang(**{"layers/quantization/modelopt_quant.py": "from flashinfer import fp4_quantize\n",
                         "plugins/__init__.py": "def something_else():\n    pass\n"})
     facts = source.read_release(source.installed_reader())
-    found = releases.disagreements("0.5.14", facts, None)
+    found = sglang_releases.disagreements("0.5.14", facts, None)
     assert len(found) > 1
     with pytest.raises(AssertionError) as failed:
         sglang.check_sglang_release("cpu")
-    assert str(failed.value) == f"SGLang 0.5.14: {'; '.join(found)}; {releases.describe()['need']}"
+    assert str(failed.value) == f"SGLang 0.5.14: {'; '.join(found)}; {sglang_releases.describe()['need']}"
 
 
 def test_verify_skips_the_release_check_without_sglang():
@@ -324,8 +324,8 @@ def test_the_plugin_entry_point_is_found_as_installed(monkeypatch):
     the group has no entry of that name."""
     import importlib.metadata
 
-    assert releases.plugin_entry_point() == "_fp4_dynamo_shim.entry.sglang_plugin:plugin"
-    other = importlib.metadata.EntryPoint("someone_else", "x:y", releases.PLUGIN_GROUP)
+    assert sglang_releases.plugin_entry_point() == "_fp4_dynamo_shim.entry.sglang_plugin:plugin"
+    other = importlib.metadata.EntryPoint("someone_else", "x:y", sglang_releases.PLUGIN_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points",
-                        lambda group: [other] if group == releases.PLUGIN_GROUP else [])
-    assert releases.plugin_entry_point() is None
+                        lambda group: [other] if group == sglang_releases.PLUGIN_GROUP else [])
+    assert sglang_releases.plugin_entry_point() is None

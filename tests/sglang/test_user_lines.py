@@ -11,8 +11,8 @@ import pytest
 
 import user_lines  # noqa: E402
 
-from _fp4_dynamo_shim.fp4 import releases as fp4_releases  # noqa: E402
-from _fp4_dynamo_shim.sglang import releases as sglang_releases  # noqa: E402
+from _fp4_dynamo_shim.fp4 import fp4_releases  # noqa: E402
+from _fp4_dynamo_shim.sglang import sglang_releases  # noqa: E402
 
 REVIEWED = json.loads(user_lines.FILE.read_text())
 REGENERATE = "the code's words changed: run python tools/golden/user_lines.py and review the diff"

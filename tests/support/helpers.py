@@ -9,7 +9,7 @@ from pathlib import Path
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.fp4 import releases
+from _fp4_dynamo_shim.fp4 import fp4_releases
 
 SRC = str(Path(fp4_dynamo_shim.__file__).resolve().parent.parent)
 
@@ -29,8 +29,8 @@ def run_python(code: str | None, env: dict | None = None, timeout: float = 300, 
     )
 
 
-def installed_target() -> releases.Target:
-    return releases.target_for(lifecycle.flashinfer_version())
+def installed_target() -> fp4_releases.Target:
+    return fp4_releases.target_for(lifecycle.flashinfer_version())
 
 
 def apply_with(monkeypatch, **environment) -> dict:

@@ -1,6 +1,6 @@
 """What each FlashInfer release does, written down release by release from its wheel, for the tests.
 
-Independent of ``_fp4_dynamo_shim.fp4.releases`` on purpose: a test whose expectation comes from the row it
+Independent of ``_fp4_dynamo_shim.fp4.fp4_releases`` on purpose: a test whose expectation comes from the row it
 tests passes whatever the row says. Read off the released wheels (``fp4_quantize`` and the
 ``fp4_quantize_sm100`` closure in ``get_fp4_quantization_module``; the family functions' signatures).
 """

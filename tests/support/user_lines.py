@@ -25,8 +25,8 @@ if str(ROOT / "src") not in sys.path:
     sys.path.insert(0, str(ROOT / "src"))
 
 from _fp4_dynamo_shim import switches  # noqa: E402
-from _fp4_dynamo_shim.fp4 import releases as fp4_releases  # noqa: E402
-from _fp4_dynamo_shim.sglang import releases as sglang_releases  # noqa: E402
+from _fp4_dynamo_shim.fp4 import fp4_releases  # noqa: E402
+from _fp4_dynamo_shim.sglang import sglang_releases  # noqa: E402
 from _fp4_dynamo_shim.verify import workers  # noqa: E402
 
 #: A plain launch's worker without the shim, and one started with FP4_DYNAMO_SHIM=1 that has it.

@@ -143,14 +143,14 @@ def test_every_python_the_shim_supports_reads_the_same_record(python, tmp_path):
     import subprocess
 
     from _fp4_dynamo_shim import release_parts, tested_sources
-    from _fp4_dynamo_shim.fp4 import releases
+    from _fp4_dynamo_shim.fp4 import fp4_releases
 
     pyenv = sorted(Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")).glob(f"versions/{python}.*/bin/python"))
     found = shutil.which(f"python{python}")
     interpreter = str(pyenv[-1]) if pyenv else found if found and "shims" not in found else None
     if interpreter is None:
         pytest.skip(f"no python{python} on this machine")
-    parts = release_parts.all_parts(releases.target_for(tested_sources.RECORD["flashinfer"]))
+    parts = release_parts.all_parts(fp4_releases.target_for(tested_sources.RECORD["flashinfer"]))
     request = {"package": str(simulated_release.INSTALLED), "others": [p.function for p in parts if p.function],
                "parts": [dataclasses.asdict(part) for part in parts]}
     script = tmp_path / "read.py"

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.routes import site_files as hook
+from _fp4_dynamo_shim.routes import site_files
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed
 
 @pytest.mark.slow
 def test_install_hook_under_the_kill_switch_installs_checks_and_says_the_switch_is_set(installed):
-    pth = installed.site / hook.HOOK_PTH
+    pth = installed.site / site_files.HOOK_PTH
     try:
         result = console(installed, "install-hook", env={"FP4_DYNAMO_SHIM_DISABLE": "1"})
         assert result.returncode == 0, result.stderr

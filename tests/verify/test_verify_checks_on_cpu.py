@@ -154,9 +154,9 @@ def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
     ({"installed": "0.5.9", "compile_path_check": True, "note": ""}, "SGLang's piecewise CUDA graph needs a GPU"),
 ])
 def test_sglangs_compile_path_check_says_why_it_does_not_run_here(monkeypatch, described, reason):
-    # Stand-in: what sglang.releases.describe() says of the installed SGLang (none is installed here); the
+    # Stand-in: what sglang_releases.describe() says of the installed SGLang (none is installed here); the
     # compile path itself needs SGLang 0.5.3.post2-0.5.9 on a GPU (tests/gpu/test_gpu_sglang.py).
-    monkeypatch.setattr(sglang.releases, "describe", lambda: described)
+    monkeypatch.setattr(sglang.sglang_releases, "describe", lambda: described)
     assert _skip_reason(sglang.check_sglang_compile_path) == reason
 
 
@@ -570,7 +570,7 @@ def sglang_outcome(monkeypatch, device_mode):
 
     def use(outcome, mode="kernel"):
         device_mode(mode)
-        monkeypatch.setattr(sglang.releases, "describe", lambda: DRIVEN)
+        monkeypatch.setattr(sglang.sglang_releases, "describe", lambda: DRIVEN)
         monkeypatch.setattr(sglang, "compile_path_check",
                             lambda compare_values: handed.append(compare_values) or outcome)
         return handed

@@ -47,13 +47,13 @@ def reached_declarations() -> dict:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     import fp4_dynamo_shim
-    from _fp4_dynamo_shim.declared import layer
+    from _fp4_dynamo_shim.declared import declared_layer
     from _fp4_dynamo_shim.verify import checks
     import declared_examples
 
     import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
 
-    layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
+    declared_layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
     from _fp4_dynamo_shim.declared import scan
     import flashinfer
 
@@ -71,7 +71,7 @@ def reached_declarations() -> dict:
         torch._dynamo.reset()
         torch.compile(lambda *a: function(*a, **kwargs), fullgraph=True, backend=backend)(*args)
         ops = {str(node.target).split(".")[1] for graph in backend.graphs for node in graph.graph.nodes
-               if node.op == "call_function" and layer.NAMESPACE in str(node.target)}
+               if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)}
         reached[example.name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
     return reached
 

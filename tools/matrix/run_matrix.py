@@ -401,15 +401,15 @@ _GRAPHS = {"none": "none", "opt-in": "off (PCG opt-in)", "piecewise": "piecewise
 
 
 def render_sglang_releases() -> list:
-    """One row per SGLang release, from ``_fp4_dynamo_shim.sglang.releases`` (held against every wheel by
+    """One row per SGLang release, from ``_fp4_dynamo_shim.sglang.sglang_releases`` (held against every wheel by
     ``tests/sglang/test_sglang_releases.py``)."""
     sys.path.insert(0, str(ROOT / "src"))
     sys.path.insert(0, str(ROOT / "tests" / "support"))
     import sglang_facts
-    from _fp4_dynamo_shim.sglang import releases as sglang_releases
+    from _fp4_dynamo_shim.sglang import sglang_releases
 
     lines = ["## SGLang releases", "",
-             "What each release needs from the shim, from `src/_fp4_dynamo_shim/sglang/releases.py` (the table "
+             "What each release needs from the shim, from `src/_fp4_dynamo_shim/sglang/sglang_releases.py` (the table "
              "`status()[\"sglang\"]` and `verify` read; `tests/sglang/test_sglang_releases.py` holds it against facts read "
              "off every wheel, `tests/data/sglang_facts.json`; `python tests/support/sglang_facts.py --check` re-reads the wheels). "
              "\"default path\": the prefill graph a CUDA run gets without options. Releases newer than the last row "

@@ -13,7 +13,7 @@ import contextlib
 import dataclasses
 from typing import Callable, Iterator, Optional
 
-from .releases import Target
+from .fp4_releases import Target
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ Each :class:`Member`'s ``implement`` maps the caller's arguments onto the ops in
 the shim's ``fp4_quantize``), or says why it cannot (:class:`Unsupported`): eager calls then go to
 FlashInfer's original, compiled ones raise :class:`NotExpressibleError`.
 
-Replacements get the installed function's exact signature (``wrapper.build_forwarding``) and are rebound
+Replacements get the installed function's exact signature (``replacement.build_forwarding``) and are rebound
 by identity, like ``fp4_quantize`` (so ``nvfp4_block_scale_interleave``, which *is*
 ``block_scale_interleave``, follows automatically).
 """
@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 from packaging.specifiers import SpecifierSet
 
-from . import replacement as wrapper
+from . import replacement
 from ..errors import InvalidArgumentError, NotExpressibleError
 from ..versions import SUPPORTED_FLASHINFER, rows_for
 from .family_ops import experts_views, op
@@ -37,7 +37,7 @@ class Context:
     def __init__(self, fp4_module, fp4_quantize, recipe):
         self.fp4_quantize = fp4_quantize  # the shim's replacement (op under compile, fast path in eager)
         self.SfLayout = getattr(fp4_module, "SfLayout", None)
-        self.recipe = recipe  # wrapper.Recipe for releases with nvfp4_4over6, else None
+        self.recipe = recipe  # replacement.Recipe for releases with nvfp4_4over6, else None
         self.cuda = torch.cuda.is_available()
 
 
@@ -251,14 +251,14 @@ def build_replacements(version: str, fp4_module, fp4_replacement, recipe, left: 
         except (ImportError, AttributeError) as error:
             report[member.name] = f"absent: {error}"
             continue
-        if wrapper.is_shim(original):
+        if replacement.is_shim(original):
             report[member.name] = "already a replacement"
             continue
         try:
-            replacement = wrapper.build_forwarding(original, make_dispatch(member, context, original))
+            forwarding = replacement.build_forwarding(original, make_dispatch(member, context, original))
         except (TypeError, ValueError) as error:
             report[member.name] = f"left alone: {error}"
             continue
-        replaced[member.name] = (original, replacement)
+        replaced[member.name] = (original, forwarding)
         report[member.name] = f"op-backed ({module_name})"
     return replaced, report

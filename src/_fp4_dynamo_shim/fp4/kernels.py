@@ -20,7 +20,7 @@ import torch
 from .. import oplib, switches
 from ..errors import NoFp4KernelError
 from .quantize_op import LAUNCH_SCALARS
-from .releases import Target
+from .fp4_releases import Target
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 

@@ -21,7 +21,7 @@ from . import reference
 from .devices import STATE as _STATE
 from .. import oplib
 from ..errors import InvalidArgumentError, ShimError
-from .releases import Target
+from .fp4_releases import Target
 
 NAMESPACE = "fp4_dynamo_shim"
 OP_NAME = "fp4_quantize"

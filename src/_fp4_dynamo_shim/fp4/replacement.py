@@ -29,7 +29,7 @@ from .. import oplib
 from .devices import STATE as _STATE
 from ..errors import NotExpressibleError
 from .kernels import kernel_call
-from .releases import Target
+from .fp4_releases import Target
 
 #: Parameters the core understands, in its positional order, with the value used when a release lacks one.
 CORE_PARAMETERS = {

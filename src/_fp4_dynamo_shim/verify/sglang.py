@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ..sglang import releases
+from ..sglang import sglang_releases
 from ..sglang import source
 from .checks import Skip, _computes_values, _launches
 
@@ -14,19 +14,19 @@ def check_sglang_release(device: str) -> str:
     Fails for a release the table does not know, since whether it needs the shim is then unknown."""
     import importlib.metadata
 
-    version = releases.installed_version()
+    version = sglang_releases.installed_version()
     if version is None:
         raise Skip("sglang is not installed")
     facts = source.read_release(source.installed_reader())
     pins = source.pins(importlib.metadata.requires("sglang"))
-    problems = releases.disagreements(version, facts, pins)
+    problems = sglang_releases.disagreements(version, facts, pins)
     if problems:
-        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {releases.describe()['need']}")
-    return releases.describe()["need"]
+        raise AssertionError(f"SGLang {version}: {'; '.join(problems)}; {sglang_releases.describe()['need']}")
+    return sglang_releases.describe()["need"]
 
 
 def check_sglang_compile_path(device: str) -> str:
-    described = releases.describe()
+    described = sglang_releases.describe()
     if described.get("installed") is None:
         raise Skip("sglang is not installed")
     if not described.get("compile_path_check"):

@@ -10,7 +10,7 @@ import sys
 from typing import List, Optional
 
 from .. import lifecycle, switches
-from ..sglang import releases
+from ..sglang import sglang_releases
 from .checks import Skip
 
 
@@ -83,8 +83,8 @@ def check_worker_activation(device: str) -> str:
     if state["disabled"]:
         raise Skip("FP4_DYNAMO_SHIM_DISABLE=1: workers do not apply the shim, as asked")
     variable = switches.HOOK
-    version = releases.installed_version()
-    release = releases.release_for(version)
+    version = sglang_releases.installed_version()
+    release = sglang_releases.release_for(version)
     run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
     plain = lifecycle.user_environment()
     context = multiprocessing.get_context("spawn")
@@ -109,19 +109,19 @@ def worker_verdict(plain: dict, with_variable: dict, asked: List[str], sglang_ve
     runs without the shim although ``asked`` names what asks for it (FP4_DYNAMO_SHIM, an always-on hook) or
     the installed SGLang needs it, and where no route reaches a worker at all."""
     variable = switches.HOOK
-    release = releases.release_for(sglang_version)
-    needed = releases.needs_shim(release)
+    release = sglang_releases.release_for(sglang_version)
+    needed = sglang_releases.needs_shim(release)
     if sglang_version is None:
         sglang_line = "sglang not installed"
     elif needed:
         sglang_line = (f"sglang {sglang_version} needs the shim in its schedulers ("
-                       f"{releases.describe_prefill_graph(release)})"
+                       f"{sglang_releases.describe_prefill_graph(release)})"
                        + ("" if release.loads_plugins else " and loads no plugins (before 0.5.11)"))
     elif release is None:
         sglang_line = f"sglang {sglang_version}: a release this shim's table does not know"
     else:
         sglang_line = (f"sglang {sglang_version} does not need it on a plain launch ("
-                       f"{releases.describe_prefill_graph(release)}; FlashInfer's FP4 calls are not traced raw there)")
+                       f"{sglang_releases.describe_prefill_graph(release)}; FlashInfer's FP4 calls are not traced raw there)")
     detail = (f"plain launch (this environment{', ' + ' and '.join(asked) if asked else ''}): {_outcome(plain)}; "
               f"with {variable}=1: {_outcome(with_variable)}; {sglang_line}")
     see = "see docs/usage.md, \"Is it active in my SGLang workers?\""

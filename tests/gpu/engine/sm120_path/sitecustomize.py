@@ -159,11 +159,11 @@ def reference_fp4_quantize(input, global_scale=None, sf_vec_size=16, sf_use_ue8m
 
     from _fp4_dynamo_shim.fp4 import arithmetic
     from _fp4_dynamo_shim.fp4 import layout
-    from _fp4_dynamo_shim.fp4 import releases
+    from _fp4_dynamo_shim.fp4 import fp4_releases
 
     if sf_vec_size != 16 or sf_use_ue8m0 or not is_sf_swizzled_layout or is_sf_8x4_layout or input.dim() != 2:
         raise NotImplementedError("the stand-in quantizes the call SGLang's linear layers make only")
-    target = releases.target_for(importlib.metadata.version("flashinfer-python"))
+    target = fp4_releases.target_for(importlib.metadata.version("flashinfer-python"))
     packed, scales = arithmetic.quantize(input.contiguous(), global_scale.to(torch.float32), 16, False,
                                              recipe=arithmetic.recipe(target.arithmetic, 0))
     columns = layout.round_up(input.shape[-1] // 16, 4)

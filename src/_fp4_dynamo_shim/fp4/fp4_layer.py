@@ -13,13 +13,13 @@ from typing import Callable, List, Optional
 
 from .. import rebind
 from ..errors import ApplyError
-from . import devices, family, flashinfer_op, kernels, quantize_op, releases, replacement
-from .parts import JIT_GETTER
+from . import devices, family, flashinfer_op, kernels, quantize_op, fp4_releases, replacement
+from .fp4_parts import JIT_GETTER
 
 
 @dataclasses.dataclass
 class Fp4Layer:
-    target: releases.Target
+    target: fp4_releases.Target
     swaps: rebind.Swaps = dataclasses.field(default_factory=rebind.Swaps)
     devices: List[kernels.LoadedDevice] = dataclasses.field(default_factory=list)
     #: FP4 family function -> what the shim did with it in this release.
@@ -44,7 +44,7 @@ class Fp4Layer:
     def describe(self) -> dict:
         """The layer's part of ``status()``."""
         return {
-            "target": releases.describe(self.target),
+            "target": fp4_releases.describe(self.target),
             "op": f"{quantize_op.NAMESPACE}::{quantize_op.OP_NAME}",
             "family": dict(self.family),
             "devices": [dataclasses.asdict(device) for device in self.devices],
@@ -70,7 +70,7 @@ class Fp4Layer:
         return skipped
 
 
-def apply(version: str, target: releases.Target, module, fallback: str, left: Optional[dict] = None) -> Fp4Layer:
+def apply(version: str, target: fp4_releases.Target, module, fallback: str, left: Optional[dict] = None) -> Fp4Layer:
     """Put ``module.fp4_quantize`` and the release's FP4 family behind the shim's ops, except the parts in
     ``left`` (name -> why): without the JIT getter nothing is patched, as every kernel comes through it."""
     left = dict(left or {})

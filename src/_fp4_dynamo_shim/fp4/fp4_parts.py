@@ -11,7 +11,7 @@ from typing import List, Optional
 
 from ..sources import Part, Sources, call_arguments
 from .family import Member
-from .releases import Target
+from .fp4_releases import Target
 
 JIT_GETTER = "get_fp4_quantization_module"
 #: The getter's namespace entries the shim calls (kernels.jit_module_of, family_ops).
