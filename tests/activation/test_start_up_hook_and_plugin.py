@@ -1,6 +1,6 @@
 """The start-up hook, the SGLang plugin and the front's command-line check, called in this process.
 
-test_routes.py and test_activation.py run these routes where users meet them: in fresh interpreters and
+test_no_route_is_silently_off.py and test_activation.py run these routes where users meet them: in fresh interpreters and
 virtual environments. Here the same functions run in this process, case by case: which route
 ``status()["activated_by"]`` records, the one warning a failure becomes, the ApplyError that strict mode alone
 may raise, the finder that waits for flashinfer, the plugin's line in the scheduler's log, and which module

@@ -3,7 +3,7 @@ field of a declaration and which fake it pairs with, the spellings FlashInfer us
 ``mutates_args`` and the namespace a getter returns, the blocks a def can sit in, the getters that get a
 namespace at all, and the per-file caches, which must read a rewritten file again.
 
-The layer's tests (test_declared.py) reach the scan only through the installed release, whose files happen
+The layer's tests (test_declared_ops_trace_on_cpu.py) reach the scan only through the installed release, whose files happen
 to use one spelling of each thing, and through a few fields of one small module; most of the cases below occur
 in some release or would go unnoticed there (a stale field is only read when an op fails to build). The
 sources are only parsed here, never executed, so the decorators need not exist.

@@ -1,7 +1,7 @@
 """The declared-ops layer's rules (``declared/rules.py``) one by one: the fakes the shim writes where FlashInfer
 wrote none or a wrong one, which declarations are left alone and why, and the types carried across an op.
 
-The layer's tests (test_declared.py) reach these only through the installed FlashInfer's declarations: on
+The layer's tests (test_declared_ops_trace_on_cpu.py) reach these only through the installed FlashInfer's declarations: on
 0.7.4 the derived sampling fake is never used (0.7.4 wrote its own), and a rule's words or a case no release's
 declaration hits can change unseen (the generated mutants of rules.py: 45 % killed before this file). Tensors
 are on the meta device: a fake must allocate where its inputs are.

@@ -2,7 +2,7 @@
 FlashInfer's: none where the function returns None, FlashInfer's own as written or by keyword where it lacks
 parameters, the shim's where a rule derives or replaces one, and a refusal naming the reason otherwise.
 
-The layer's tests (test_declared.py) reach these only through the installed release's declarations, where most
+The layer's tests (test_declared_ops_trace_on_cpu.py) reach these only through the installed release's declarations, where most
 cases do not occur (one release has no stale fake, another no getter-local one) and the words that status()
 shows are not compared. The modules here are executed source text with no-op decorators, as FlashInfer's are
 when its custom ops are off.

@@ -2,7 +2,7 @@
 each refusal's words, the wait for torch._dynamo's import and a failure there, the device-query helpers and
 their polyfills, a failure or an interruption while registering, and revert.
 
-test_declared.py holds the layer's work on the installed release as a whole (every declaration registered or
+test_declared_ops_trace_on_cpu.py holds the layer's work on the installed release as a whole (every declaration registered or
 listed, traced calls); most of the cases here do not occur in it (0.7.4 has no computed module-level name, no
 non-literal ``mutates_args``, no op FlashInfer registered itself), or occur only on a GPU. Stand-ins, each
 named where used: a FlashInfer-like package written to a temporary directory (its modules executed with no-op

@@ -1,7 +1,7 @@
 """The declared-ops layer's polyfills (``declared/polyfill.py``) and the rules' cases no release reaches
 (``declared/rules.py``), each on its own.
 
-The layer's tests (test_declared.py) install polyfills only for the installed FlashInfer's functions, whose
+The layer's tests (test_declared_ops_trace_on_cpu.py) install polyfills only for the installed FlashInfer's functions, whose
 traceables match their signatures, on a torch whose tables are where the shim looks, and take each back once;
 they read the rules only through that release's declarations. The generated mutants left standing there are
 the cases below: a traceable whose signature differs, a torch that registers nothing the shim can take back,

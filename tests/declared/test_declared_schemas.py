@@ -67,7 +67,7 @@ def stand_in_kernels():
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
-        patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # no GPU to ask: what test_declared.py stands in too
+        patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # no GPU to ask: what test_declared_ops_trace_on_cpu.py stands in too
         library = torch.library.Library(declared_layer.NAMESPACE, "IMPL")
         calls = collections.Counter()
         namespace = getattr(torch.ops, declared_layer.NAMESPACE)

@@ -2,7 +2,7 @@
 through: called as users call them, ``flashinfer.<function>(...)``, on CPU tensors.
 
 Each op runs its check before its fake, its reference and FlashInfer's kernel alike, so one check decides the
-error eagerly and under torch.compile; tests/fp4/test_family.py shows the class reaches the user both ways (for
+error eagerly and under torch.compile; tests/fp4/test_fp4_family_traces_and_matches_eager.py shows the class reaches the user both ways (for
 meta tensors), and here each refusal is held to its words once, eagerly and compiled.
 """
 

@@ -11,7 +11,7 @@ argument, then every tensor the caller did not pass in is filled with a byte pat
 the views FlashInfer and the shim make of them can be compared); the device queries (an SM100, as in
 ``stand_in_gpu``); torch's uninitialised memory, filled deterministically (``fill_uninitialized_memory``) so
 that two runs' buffers compare; and the op kernel's CPU branch, sent down the GPU branch. Limits: the
-recorder computes nothing, so values are the pattern's, not FP4 arithmetic (``test_family.py`` checks that
+recorder computes nothing, so values are the pattern's, not FP4 arithmetic (``test_fp4_family_traces_and_matches_eager.py`` checks that
 against the reference); ``mm_fp4``'s GPU path calls FlashInfer's own ``mm_fp4``, whose GEMM backends need CUDA
 (``tests/gpu/test_gpu_family.py``).
 """

@@ -3,7 +3,7 @@ what a compiled call that no op carries says, and what the members hand their op
 
 ``build_replacements`` runs here on a made-up table (``family.MEMBERS`` swapped for hand-written members) over
 made-up modules, so every kind of function (absent, already the shim's, unmirrorable, ordinary, outside the
-fp4 module) can be met in one run; ``tests/fp4/test_family.py`` shows the real table against the installed
+fp4 module) can be met in one run; ``tests/fp4/test_fp4_family_traces_and_matches_eager.py`` shows the real table against the installed
 FlashInfer. The members' builders (``_mxfp4_quantize``, ``_experts``, ...) are called afresh in each test, as
 ``test_family_table.py`` explains: the table built at import never reaches a mutant of a builder.
 """

@@ -1,7 +1,7 @@
 """FlashInfer's torch.ops.flashinfer.fp4_quantize as the shim repairs it, case by case: what the repair's kernel
 hands the launch, the repair and its log line, what status() says per release, and a FlashInfer without the op.
 
-The shim builds the op's kernel when it is applied (at import), so the op that test_flashinfer_op.py calls
+The shim builds the op's kernel when it is applied (at import), so the op that test_flashinfers_own_fp4_op_repaired.py calls
 through the dispatcher was built before any test ran. Here the shim is applied again in each test, so the op is
 repaired, and its kernel built, at test time: what a change to how it is built does shows here. The installed FlashInfer (0.7.4) registers the op, so the repair runs on FlashInfer's own
 op; three things are stood in, each because the installed release or this CPU machine lacks it:

@@ -13,7 +13,7 @@ compilations). The functions a compiled test reaches are reached eagerly by the 
 
 Cost. mutmut forks each mutant's pytest session from a fork server that has collected the tests, so torch,
 FlashInfer and the test modules are already imported. What was left, measured on the 2-core runner
-(tests/lifecycle/test_settings.py's switch test, 0.01 s of its own):
+(tests/lifecycle/test_environment_variables.py's switch test, 0.01 s of its own):
 
 * 1.2 s per session in ``gc.collect()``: pytest's unraisableexception plugin collects five times at the
   end, Hypothesis once before the first example, and each pass walks (and copy-on-write touches) torch's

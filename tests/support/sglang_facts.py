@@ -1,4 +1,4 @@
-"""Facts read off every SGLang wheel from 0.5.3.post1 to 0.5.23, for ``tests/sglang/test_sglang_releases.py``;
+"""Facts read off every SGLang wheel from 0.5.3.post1 to 0.5.23, for ``tests/sglang/test_sglang_release_table_matches_wheels.py``;
 and verbatim copies of the few SGLang files ``tests/sglang/test_sglang_wrapper.py`` runs (``tests/data/sglang_sources``).
 
     python tests/support/sglang_facts.py [--wheels DIR]          # rewrite tests/data/sglang_facts.json

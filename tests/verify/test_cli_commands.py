@@ -1,6 +1,6 @@
 """``fp4-dynamo-shim`` in process: every command's words, exit code and stream, and what it hands on.
 
-tests/verify/test_cli.py runs the command line as users install it (a console script in a venv, ``python -m``),
+tests/verify/test_command_line.py runs the command line as users install it (a console script in a venv, ``python -m``),
 which costs a child interpreter per case. Here ``cli.main`` is called directly, so each of its branches is held
 cheaply: the help pages against the reviewed text (tests/data/cli_help.txt), ``status``, the hand-over to
 verify, and install-hook/uninstall-hook's messages with the real writer (and its check, a new interpreter) in

@@ -1,7 +1,7 @@
 """verify's checks (``checks.py``) in this process, on CPU: each check that runs here passes and says what it
 showed, fails on the fault it exists to see, and the ones that need a GPU say so.
 
-verify's command line (a child process per call) is tested in test_activation.py and test_routes.py; here
+verify's command line (a child process per call) is tested in test_activation.py and test_no_route_is_silently_off.py; here
 the checks are called directly, so that a broken check is seen by a test that reaches it (and by mutmut's
 trampolines, which do not follow child processes). Stand-in, because there is no GPU here: the device state
 a GPU would report (its mode as verify reads it: the FP4 kernel, the launch-only fallback, or a refusal), so the
@@ -391,7 +391,7 @@ def test_the_declared_ops_check_traces_layernorm_to_the_shims_op_and_says_the_ga
 
 def _declared_layer_reads(monkeypatch, **changes):
     """The declared layer's part of status() as verify reads it, edited: a failed registration cannot be made
-    here without breaking FlashInfer (tests/declared/test_declared.py makes real ones)."""
+    here without breaking FlashInfer (tests/declared/test_declared_ops_trace_on_cpu.py makes real ones)."""
     real = fp4_dynamo_shim.status()
     layer = {**real["flashinfer_ops"], **changes}
     monkeypatch.setattr(checks.lifecycle, "status", lambda: {**real, "flashinfer_ops": layer})

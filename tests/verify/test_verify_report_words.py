@@ -1,7 +1,7 @@
 """verify's report (``verify/report.py``) in this process: the words of its text output, its JSON document, how a
 check's outcome becomes a line, and its exit codes.
 
-The command line as users run it (a child process per call) is tested in test_cli.py and test_activation.py;
+The command line as users run it (a child process per call) is tested in test_command_line.py and test_activation.py;
 here ``cli.main(["verify", ...])`` and the report's helpers are called directly, so that a change to what verify prints is seen by a
 test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
 and environment that ``_print_text`` words are written out here (every field it reads, with values no machine

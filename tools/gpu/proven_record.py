@@ -7,7 +7,7 @@
 The GPU run (``bash tests/gpu/run.sh --junitxml=...``) says which public functions passed
 ``test_public_function_traces_compiles_bit_exact_captures_and_passes_opcheck``: traced with no break, compiled
 equal to eager bit for bit, replayed from a CUDA graph and clean under ``torch.library.opcheck``. Their eager
-cost is FlashInfer's own by construction (the layer rebinds nothing; ``tests/declared/test_declared.py``
+cost is FlashInfer's own by construction (the layer rebinds nothing; ``tests/declared/test_declared_ops_trace_on_cpu.py``
 holds it). The CPU trace of each function on fake CUDA tensors (the installed release, every op on) says
 which declared ops it reaches. A declaration is proven when a passing function reaches its op and no failing one does.
 """

@@ -5,7 +5,7 @@ the reason it does not.
 Each release is installed into a directory of its own and put first on the path (as run_matrix.py does), the
 shim applied in a fresh interpreter (with the GPU-query stand-in for the releases that need it to import on
 CPU), and ``status()["flashinfer_ops"]`` recorded; this environment is not changed.
-``tests/declared/test_declared.py`` checks the installed release's row against the live shim (the matrix runs it for
+``tests/declared/test_declared_ops_trace_on_cpu.py`` checks the installed release's row against the live shim (the matrix runs it for
 each release) and counts the declarations in the installed wheel's text, independently of the ast scan.
 
     python tools/matrix/declared_table.py                       # every release of run_matrix.VERSIONS

@@ -46,16 +46,16 @@ OTHER_TORCH = [("0.7.2", "2.14.1")]
 UNSUPPORTED = ["0.5.2"]
 #: Table column -> test file run for it: the files whose outcome depends on the installed release.
 CHECKS = {
-    "apply / revert / status": "tests/lifecycle/test_lifecycle.py",
+    "apply / revert / status": "tests/lifecycle/test_apply_revert_status.py",
     "fullgraph trace, compiled = eager": "tests/fp4/test_compile.py",
-    "reference values": "tests/fp4/test_reference.py",
+    "reference values": "tests/fp4/test_cpu_reference_matches_hand_computed_bytes.py",
     "kernel-call parity": "tests/fp4/test_parity.py",
     "bad input": "tests/fp4/test_battery.py",
-    "FP4 family": "tests/fp4/test_family.py",
+    "FP4 family": "tests/fp4/test_fp4_family_traces_and_matches_eager.py",
     "kernel modes and edges": "tests/fp4/test_kernel_modes.py",
-    "FlashInfer's own op": "tests/fp4/test_flashinfer_op.py",
-    "FlashInfer's declared ops": "tests/declared/test_declared.py",
-    "attention run parameters": "tests/declared/test_attention_table.py",
+    "FlashInfer's own op": "tests/fp4/test_flashinfers_own_fp4_op_repaired.py",
+    "FlashInfer's declared ops": "tests/declared/test_declared_ops_trace_on_cpu.py",
+    "attention run parameters": "tests/declared/test_attention_parameters_read_from_sources.py",
 }
 
 REFUSAL_PROBE = """
@@ -266,7 +266,7 @@ def render_declared_functions(legs: dict) -> list:
     words = {"passed": "pass", "failed": "FAIL"}
     lines = ["## FlashInfer's declared ops: public function x release", "",
              "`pass`: `torch.compile(fullgraph=True)` traced the call with 0 graph breaks to a",
-             "`fp4_dynamo_shim_flashinfer` op, on fake CUDA tensors (`tests/declared/test_declared.py`; the kernels run in",
+             "`fp4_dynamo_shim_flashinfer` op, on fake CUDA tensors (`tests/declared/test_declared_ops_trace_on_cpu.py`; the kernels run in",
              "`tests/gpu/test_gpu_declared.py`); `-`: the release lacks the function; `gpu`: the path asks",
              "`torch.cuda.is_current_stream_capturing()`, which only a GPU answers.", ""]
     releases = [v for v, leg in legs.items() if "outcomes" in leg]
@@ -284,7 +284,7 @@ def render_declared_functions(legs: dict) -> list:
 
 def render_declared(legs: dict) -> list:
     """FlashInfer's declared ops per release: counts from tests/data/declared_releases.json, shown for a release
-    whose leg confirmed that its row is what the shim does (tests/declared/test_declared.py)."""
+    whose leg confirmed that its row is what the shim does (tests/declared/test_declared_ops_trace_on_cpu.py)."""
     table = json.loads(DECLARED_TABLE.read_text())["releases"] if DECLARED_TABLE.exists() else {}
     lines = ["## FlashInfer's declared ops: release x kind (`FP4_DYNAMO_SHIM_FLASHINFER_OPS=all`)", "",
              "Every `@register_custom_op` FlashInfer wrote, by what the shim does with it (the reasons, op by op, are in",
@@ -313,7 +313,7 @@ def render_family(legs: dict) -> list:
     words = {"passed": "pass", "skipped": "absent", "failed": "FAIL"}
     lines = ["## FP4 family: function x release", "",
              "`pass`: traced by `torch.compile(fullgraph=True)` with 0 graph breaks, ran on CPU (reference) and matched",
-             "eager, both with the eager and the inductor backend (`tests/fp4/test_family.py`); `absent`: the release does",
+             "eager, both with the eager and the inductor backend (`tests/fp4/test_fp4_family_traces_and_matches_eager.py`); `absent`: the release does",
              "not have the function.", "",
              "| FlashInfer | " + " | ".join(f"`{f}`" for f in functions) + " |",
              "|---|" + "---|" * len(functions)]
@@ -402,7 +402,7 @@ _GRAPHS = {"none": "none", "opt-in": "off (PCG opt-in)", "piecewise": "piecewise
 
 def render_sglang_releases() -> list:
     """One row per SGLang release, from ``_fp4_dynamo_shim.sglang.sglang_releases`` (held against every wheel by
-    ``tests/sglang/test_sglang_releases.py``)."""
+    ``tests/sglang/test_sglang_release_table_matches_wheels.py``)."""
     sys.path.insert(0, str(ROOT / "src"))
     sys.path.insert(0, str(ROOT / "tests" / "support"))
     import sglang_facts
@@ -410,7 +410,7 @@ def render_sglang_releases() -> list:
 
     lines = ["## SGLang releases", "",
              "What each release needs from the shim, from `src/_fp4_dynamo_shim/sglang/sglang_releases.py` (the table "
-             "`status()[\"sglang\"]` and `verify` read; `tests/sglang/test_sglang_releases.py` holds it against facts read "
+             "`status()[\"sglang\"]` and `verify` read; `tests/sglang/test_sglang_release_table_matches_wheels.py` holds it against facts read "
              "off every wheel, `tests/data/sglang_facts.json`; `python tests/support/sglang_facts.py --check` re-reads the wheels). "
              "\"default path\": the prefill graph a CUDA run gets without options. Releases newer than the last row "
              "are unknown to the shim: `verify` fails there.", "",

@@ -1,7 +1,7 @@
 """What each SGLang release needs from the shim, as data (read by ``status()`` and ``verify``).
 
 Written down from the released wheels, release by release (``tests/data/sglang_facts.json`` holds what each
-wheel's source says, file:line; ``tests/sglang/test_sglang_releases.py`` holds this table against it). The shim is
+wheel's source says, file:line; ``tests/sglang/test_sglang_release_table_matches_wheels.py`` holds this table against it). The shim is
 needed where Dynamo traces a FlashInfer FP4 function itself: a torch.compile prefill graph (SGLang's
 piecewise CUDA graph, later its ``tc_piecewise`` backend) whose model code calls FlashInfer raw. From 0.5.12
 SGLang wraps the NVFP4 linear's calls in its own ops (``sglang::flashinfer_fp4_quantize``, ``sglang::fp4_gemm``),
