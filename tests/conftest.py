@@ -19,7 +19,7 @@ import helpers
 import own_site
 import stand_in_gpu
 import venvs
-from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.activation import sglang_plugin
 from _fp4_dynamo_shim.fp4 import devices
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.settings import Settings
@@ -123,7 +123,7 @@ def said(monkeypatch, caplog):
 @pytest.fixture
 def hook_not_installed(monkeypatch):
     """The start-up hook as a fresh interpreter has it: not installed, no route recorded."""
-    from _fp4_dynamo_shim.entry import startup
+    from _fp4_dynamo_shim.activation import startup
 
     monkeypatch.setattr(startup, "_installed", False)
     monkeypatch.setattr(startup, "route", None)

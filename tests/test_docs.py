@@ -9,7 +9,7 @@ from pathlib import Path
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import workers
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.verify import report
 from helpers import run_python

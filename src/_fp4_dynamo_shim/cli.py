@@ -74,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         print(json.dumps(lifecycle.status(), indent=2))
         return EXIT_OK
-    from _fp4_dynamo_shim.routes import site_files
+    from _fp4_dynamo_shim.activation import site_files
 
     if options.site_dir is not None and not options.site_dir.is_dir():
         parser.error(f"{options.command}: {options.site_dir} is not a directory")

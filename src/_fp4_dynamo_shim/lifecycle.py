@@ -25,7 +25,7 @@ from .errors import ApplyError
 from .fp4 import fp4_layer
 from .fp4 import fp4_parts
 from .fp4 import fp4_releases
-from .routes import site_files
+from .activation import site_files
 from .settings import Settings
 from .sglang import sglang_releases
 

@@ -9,7 +9,7 @@ and ``FP4_DYNAMO_SHIM=1`` is exported so that child processes apply it too.
 """
 
 from _fp4_dynamo_shim import __version__
-from _fp4_dynamo_shim.routes import importer
+from _fp4_dynamo_shim.activation import importer
 
 __all__ = ["apply", "revert", "status"]
 

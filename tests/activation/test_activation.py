@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 from _fp4_dynamo_shim.sglang import sglang_releases
 
 
@@ -55,7 +55,7 @@ def test_startup_imports_neither_torch_nor_flashinfer(installed, variable):
     assert result.returncode == 0 and result.stderr == ""
     loaded = json.loads(result.stdout)
     # The hook's start-up route and its switches are all that start-up loads; wrapt waits for flashinfer's import.
-    assert loaded == (["_fp4_dynamo_shim", "_fp4_dynamo_shim.entry", "_fp4_dynamo_shim.entry.startup",
+    assert loaded == (["_fp4_dynamo_shim", "_fp4_dynamo_shim.activation", "_fp4_dynamo_shim.activation.startup",
                        "_fp4_dynamo_shim.switches", "fp4_dynamo_shim_hook"] if variable else [])
 
 
@@ -149,7 +149,7 @@ def test_sglang_plugin_rebinds_an_original_bound_after_the_shim_applied(tmp_path
     """A lazy loader cached FlashInfer's function before the shim applied; a module bound it afterwards.
     apply() has already run (the hook did it), so only the plugin's rescan can reach that binding."""
     import fp4_dynamo_shim
-    from _fp4_dynamo_shim.entry import sglang_plugin
+    from _fp4_dynamo_shim.activation import sglang_plugin
 
     (tmp_path / "lazy_loader.py").write_text(
         "import functools\n@functools.cache\ndef fp4():\n    from flashinfer import fp4_quantize\n    return fp4_quantize\n")
@@ -183,7 +183,7 @@ def test_sglang_plugin_entry_point_is_declared_and_rebinds_earlier_imports(insta
     """)
     result = installed.run(code, env={"PYTHONPATH": str(tmp_path)})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == ["_fp4_dynamo_shim.entry.sglang_plugin:plugin", False, True, True]
+    assert json.loads(result.stdout) == ["_fp4_dynamo_shim.activation.sglang_plugin:plugin", False, True, True]
 
 
 @pytest.mark.parametrize("version, wraps, check", [

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 
 BEGIN, END, BLOCK = site_files.BEGIN, site_files.END, site_files.BLOCK
 

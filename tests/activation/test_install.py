@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 
 
 #: Every test here builds a virtual environment.

@@ -24,8 +24,8 @@ import venvs
 from _fp4_dynamo_shim import switches
 from _fp4_dynamo_shim import settings
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.entry import sglang_plugin
-from _fp4_dynamo_shim.entry import startup
+from _fp4_dynamo_shim.activation import sglang_plugin
+from _fp4_dynamo_shim.activation import startup
 from fp4_dynamo_shim.errors import ApplyError
 from helpers import SRC, run_python
 
@@ -128,7 +128,7 @@ def test_the_kill_switch_stops_the_import_the_hook_and_sitecustomize(route, tmp_
             "sitecustomize": PATCHED}[route]
     env = {settings.DISABLE: "1", **({settings.HOOK: "1"} if route == "hook" else {})}
     if route == "sitecustomize":
-        from _fp4_dynamo_shim.routes import site_files
+        from _fp4_dynamo_shim.activation import site_files
         site_files.install_hook(tmp_path, check=False)
     result = run_python(code, env=env, extra_path=str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -293,10 +293,10 @@ def test_usage_docs_explain_how_to_see_whether_workers_are_active():
 
 @pytest.mark.slow
 def test_the_sitecustomize_route_records_itself_and_honours_the_kill_switch(tmp_path):
-    from _fp4_dynamo_shim.routes import site_files
+    from _fp4_dynamo_shim.activation import site_files
 
     site_files.install_hook(tmp_path, check=False)  # the block calls install() with its default route
-    code = ("import sys, flashinfer, _fp4_dynamo_shim.entry.startup as h; s = sys.modules.get('_fp4_dynamo_shim.lifecycle'); "
+    code = ("import sys, flashinfer, _fp4_dynamo_shim.activation.startup as h; s = sys.modules.get('_fp4_dynamo_shim.lifecycle'); "
             "print(h.route, s.status()['activated_by'] if s else None)")
     assert run_python(code, extra_path=str(tmp_path)).stdout.split() == ["sitecustomize", "sitecustomize"]
     # FP4_DYNAMO_SHIM_DISABLE=1: install() puts no hook in place at all (not merely a refusing apply()).

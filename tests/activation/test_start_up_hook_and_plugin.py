@@ -23,8 +23,8 @@ import _fp4_dynamo_shim
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import switches
-from _fp4_dynamo_shim.entry import sglang_plugin, startup
-from _fp4_dynamo_shim.routes import importer
+from _fp4_dynamo_shim.activation import sglang_plugin, startup
+from _fp4_dynamo_shim.activation import importer
 from fp4_dynamo_shim.errors import ApplyError
 import user_lines
 

@@ -54,7 +54,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 from _fp4_dynamo_shim.sglang import sglang_releases
 
 ENGINE = Path(__file__).resolve().parent / "engine"

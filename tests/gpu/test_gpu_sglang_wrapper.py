@@ -19,7 +19,7 @@ import torch
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.activation import sglang_plugin
 from _fp4_dynamo_shim.fp4 import replacement
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

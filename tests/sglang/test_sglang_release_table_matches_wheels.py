@@ -324,7 +324,7 @@ def test_the_plugin_entry_point_is_found_as_installed(monkeypatch):
     the group has no entry of that name."""
     import importlib.metadata
 
-    assert sglang_releases.plugin_entry_point() == "_fp4_dynamo_shim.entry.sglang_plugin:plugin"
+    assert sglang_releases.plugin_entry_point() == "_fp4_dynamo_shim.activation.sglang_plugin:plugin"
     other = importlib.metadata.EntryPoint("someone_else", "x:y", sglang_releases.PLUGIN_GROUP)
     monkeypatch.setattr(importlib.metadata, "entry_points",
                         lambda group: [other] if group == sglang_releases.PLUGIN_GROUP else [])

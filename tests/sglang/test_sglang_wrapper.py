@@ -7,7 +7,7 @@ _flashinfer_fp4_quantize`` at import and calls it inside ``torch.ops.sglang.flas
 
 * ``before``: the ``.pth`` hook, sitecustomize or ``import fp4_dynamo_shim`` applied the shim before SGLang
   imported, so SGLang binds the shim's replacement;
-* ``after``: SGLang imported first and the plugin (``_fp4_dynamo_shim.entry.sglang_plugin.plugin``, what each SGLang
+* ``after``: SGLang imported first and the plugin (``_fp4_dynamo_shim.activation.sglang_plugin.plugin``, what each SGLang
   scheduler runs) applied the shim later; it rebinds ``_flashinfer_fp4_quantize`` too (the choice, and why,
   is in docs/how-it-works.md, "SGLang's own FP4 ops"), so both routes run the same code.
 
@@ -28,7 +28,7 @@ import torch
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks
 from _fp4_dynamo_shim import lifecycle
-from _fp4_dynamo_shim.entry import sglang_plugin
+from _fp4_dynamo_shim.activation import sglang_plugin
 from _fp4_dynamo_shim.fp4 import replacement
 
 import sglang_facts

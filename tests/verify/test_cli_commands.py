@@ -22,7 +22,7 @@ import cli_help
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import cli
 from _fp4_dynamo_shim.errors import EXIT_USAGE
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 
 
 def test_the_help_pages_are_the_reviewed_text():

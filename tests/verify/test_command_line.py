@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.routes import site_files
+from _fp4_dynamo_shim.activation import site_files
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,7 +189,7 @@ def test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothi
     """Stand-in: the write is refused by a patched ``tempfile.mkstemp``/``Path.unlink`` raising EACCES, because
     this runner is root, which permission bits do not stop. What is real: the CLI and the hook's writer."""
     from _fp4_dynamo_shim import cli
-    from _fp4_dynamo_shim.routes import site_files
+    from _fp4_dynamo_shim.activation import site_files
 
     if command == "uninstall-hook":
         (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)

@@ -118,7 +118,7 @@ def test_the_probe_names_the_start_up_hooks_route(monkeypatch):
     class Queue:
         put = sent.append
 
-    monkeypatch.setitem(sys.modules, "_fp4_dynamo_shim.entry.startup", types.SimpleNamespace(route="sitecustomize"))
+    monkeypatch.setitem(sys.modules, "_fp4_dynamo_shim.activation.startup", types.SimpleNamespace(route="sitecustomize"))
     workers.probe_worker(Queue())
     assert sent[0]["hook_route"] == "sitecustomize"
 
@@ -127,7 +127,7 @@ def test_the_probe_names_the_start_up_hooks_route(monkeypatch):
 def sglang_plugins(monkeypatch):
     """A stand-in for ``sglang.srt.plugins`` (SGLang is not installed here, and the slow tier's SGLang 0.5.9
     loads no plugins): its ``load_plugins`` runs the shim's own plugin entry, as SGLang >= 0.5.11's does."""
-    from _fp4_dynamo_shim.entry import sglang_plugin
+    from _fp4_dynamo_shim.activation import sglang_plugin
 
     loaded = []
 
@@ -226,7 +226,7 @@ def probes(sites, without_the_export, monkeypatch):
 
 
 def plugin_installed(monkeypatch, installed=True):
-    entry = importlib.metadata.EntryPoint("fp4_dynamo_shim", "_fp4_dynamo_shim.entry.sglang_plugin:plugin",
+    entry = importlib.metadata.EntryPoint("fp4_dynamo_shim", "_fp4_dynamo_shim.activation.sglang_plugin:plugin",
                                           "sglang.srt.plugins")
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [entry] if installed else [])
 

@@ -143,7 +143,7 @@ def probe_worker(queue, run_sglang_plugins=False):
     (multiprocessing spawn): import flashinfer as a scheduler does, optionally load SGLang's plugins as its
     scheduler does, and report whether the shim became active and through which route. Lives here because
     the child must not import the shim to find this function."""
-    startup = sys.modules.get("_fp4_dynamo_shim.entry.startup")
+    startup = sys.modules.get("_fp4_dynamo_shim.activation.startup")
     report = {"hook_route": getattr(startup, "route", None)}
     try:
         import flashinfer  # noqa: F401 - importing it is what runs the start-up hook in this child

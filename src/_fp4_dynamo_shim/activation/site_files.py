@@ -167,7 +167,7 @@ def _is_site_dir(directory: Path) -> bool:
     return directory.resolve() in [d.resolve() for d in site_dirs()]
 
 
-_PROBE = ("import importlib.util, json, sys; hook = sys.modules.get('_fp4_dynamo_shim.entry.startup'); "
+_PROBE = ("import importlib.util, json, sys; hook = sys.modules.get('_fp4_dynamo_shim.activation.startup'); "
           "spec = importlib.util.find_spec('sitecustomize'); "
           "print(json.dumps([getattr(hook, 'route', None), spec.origin if spec else None]))")
 
