@@ -19,9 +19,9 @@ import helpers
 import own_site
 import stand_in_gpu
 import venvs
-from _fp4_dynamo_shim.activation import sglang_plugin
+from _fp4_dynamo_shim.activation import export, sglang_plugin
 from _fp4_dynamo_shim.fp4 import devices
-from _fp4_dynamo_shim import lifecycle
+from _fp4_dynamo_shim import lifecycle, switches
 from _fp4_dynamo_shim.settings import Settings
 
 if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tools/mutation/run_mutmut.py)
@@ -102,8 +102,9 @@ def without_the_export(monkeypatch):
     monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
     yield
     fp4_dynamo_shim.revert()
-    monkeypatch.delenv("FP4_DYNAMO_SHIM", raising=False)
-    fp4_dynamo_shim.lifecycle.export_for_children()  # monkeypatch then gives the variable its value back
+    for name in switches.VARIABLES:  # as the import found them (a test may have set any)
+        monkeypatch.delenv(name, raising=False)
+    lifecycle.apply(route="import", layers=(export,))  # as the import did; monkeypatch then gives the variables back
 
 
 @pytest.fixture

@@ -75,6 +75,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(json.dumps(lifecycle.status(), indent=2))
         return EXIT_OK
     from _fp4_dynamo_shim.activation import site_files
+    from _fp4_dynamo_shim import startup_files
 
     if options.site_dir is not None and not options.site_dir.is_dir():
         parser.error(f"{options.command}: {options.site_dir} is not a directory")
@@ -85,7 +86,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"fp4-dynamo-shim install-hook: {error}", file=sys.stderr)
             return EXIT_FAILED
         except OSError as error:  # a site directory this user cannot write: nothing was written
-            print(f"fp4-dynamo-shim install-hook: cannot write the hook in {options.site_dir or site_files.default_site_dir()} "
+            print(f"fp4-dynamo-shim install-hook: cannot write the hook in {options.site_dir or startup_files.default_site_dir()} "
                   f"({error.strerror or error}); nothing was changed", file=sys.stderr)
             return EXIT_FAILED
         verb = "wrote the import hook to" if installed.changed else "import hook already present in"
@@ -100,11 +101,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"fp4-dynamo-shim uninstall-hook: {error}", file=sys.stderr)
             return EXIT_FAILED
         except OSError as error:
-            print(f"fp4-dynamo-shim uninstall-hook: cannot change {options.site_dir or site_files.default_site_dir()} "
+            print(f"fp4-dynamo-shim uninstall-hook: cannot change {options.site_dir or startup_files.default_site_dir()} "
                   f"({error.strerror or error})", file=sys.stderr)
             return EXIT_FAILED
         print("removed the import hook from " + ", ".join(map(str, changed)) if changed else
-              f"no import hook in {options.site_dir or site_files.default_site_dir()}")
+              f"no import hook in {options.site_dir or startup_files.default_site_dir()}")
     return EXIT_OK
 
 

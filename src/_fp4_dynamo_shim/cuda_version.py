@@ -9,6 +9,7 @@ constant and compare plain tuples, both of which Dynamo traces.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import logging
 import os
 import re
@@ -20,14 +21,18 @@ import torch
 from packaging.version import Version
 
 from . import rebind, switches
+from .errors import ApplyError
+from .layers import Context
 from .sources import Part
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
+#: FlashInfer's module that defines both lookups.
+CPP_EXT = "flashinfer.jit.cpp_ext"
 #: What an untested release is compared on: both lookups, defined where the shim rebinds them (a lookup that
 #: moved or was renamed is one the shim would miss). Their bodies are replaced whole, so only presence,
 #: place and signature count.
-PART = Part("get_cuda_version", "flashinfer.jit.cpp_ext", "get_cuda_version", names=("is_cuda_version_at_least",),
+PART = Part("get_cuda_version", CPP_EXT, "get_cuda_version", names=("is_cuda_version_at_least",),
             source=False)
 
 
@@ -167,17 +172,22 @@ class CudaLayer:
                 "warnings": [self.resolved.problem] if self.resolved.problem else [], "skipped": skipped}
 
 
-def left_alone(reason: str) -> CudaLayer:
-    """The layer for a release whose lookups differ from the tested ones: nothing rebound."""
-    return CudaLayer(CudaVersion(None, "none", None, None), left=reason)
-
-
-def apply(setting: str, cpp_ext) -> CudaLayer:
-    """Resolve the CUDA version (``FP4_DYNAMO_SHIM_CUDA_VERSION``) and rebind FlashInfer's two lookups to it."""
-    layer = CudaLayer(resolve(setting))
+def apply(context: Context) -> CudaLayer:
+    """The first layer: FlashInfer's lookups answer from the resolved version (``FP4_DYNAMO_SHIM_CUDA_VERSION``),
+    or stay FlashInfer's where an untested release's differ. A setting that cannot be honoured warns, and
+    raises under strict mode with nothing rebound."""
+    if PART.name in context.left:
+        return CudaLayer(CudaVersion(None, "none", None, None), left=context.left[PART.name])
+    cpp_ext = importlib.import_module(CPP_EXT)
+    layer = CudaLayer(resolve(context.settings.cuda_version))
     original_get = cpp_ext.get_cuda_version
     new_get, new_at_least = make_replacements(layer.resolved, original_get)
     layer.swaps.swap((cpp_ext.is_cuda_version_at_least, new_at_least), (original_get, new_get))
     if hasattr(original_get, "cache_clear"):
         original_get.cache_clear()
+    if layer.resolved.problem:
+        if context.settings.strict:
+            layer.undo()
+            raise ApplyError(layer.resolved.problem)
+        switches.warn(layer.resolved.problem)
     return layer

@@ -1,10 +1,11 @@
-"""apply / revert / status: the shim's lifecycle, as one transaction.
+"""apply / revert / status: the shim's lifecycle, as one transaction over its layers.
 
 ``apply()`` is the one gate every route goes through (the import, the hook, sitecustomize, the SGLang
-plugin): it alone reads the kill switch, strict mode and the other settings. It either does everything
-(CUDA version, preloaded modules, rebound ``fp4_quantize`` and family, FlashInfer's own op repaired) or
-leaves FlashInfer exactly as it was and says why. ``revert()`` undoes all of it. Both are idempotent and
-serialised by one lock.
+plugin): it alone reads the kill switch, strict mode and the other settings. It applies the layers in order
+(``LAYERS``, then those the route adds: the import adds the export to spawned children), each returning a
+record with ``undo`` and ``describe`` (``layers``), and pushes each undo on one stack. It either applies all
+of them or leaves FlashInfer exactly as it was and says why. ``revert()`` runs the stack newest first. Both
+are idempotent and serialised by one lock.
 """
 
 from __future__ import annotations
@@ -13,26 +14,27 @@ import dataclasses
 import importlib
 import importlib.metadata
 import logging
-import os
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Sequence
 
 import torch
 
-from . import cuda_version, rebind, release_parts, switches, versions
+from . import cuda_version, rebind, release_parts, startup_files, switches, versions
 from .declared import declared_layer
 from .errors import ApplyError
 from .fp4 import fp4_layer
 from .fp4 import fp4_parts
 from .fp4 import fp4_releases
-from .activation import site_files
+from .layers import Context, UndoStack
 from .settings import Settings
 from .sglang import sglang_releases
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
 FLASHINFER_DISTRIBUTION = "flashinfer-python"
-CPP_EXT = "flashinfer.jit.cpp_ext"
+#: The layers every route applies, in order: the CUDA version FlashInfer's JIT sees (building the FP4 kernels
+#: asks it), the FP4 layer, FlashInfer's declared ops.
+LAYERS = (cuda_version, fp4_layer, declared_layer)
 
 
 @dataclasses.dataclass
@@ -42,27 +44,26 @@ class _Applied:
     route: str
     #: The installed release, and for an untested one which of its parts match the newest tested release.
     release: release_parts.Judgement
-    cuda: cuda_version.CudaLayer
-    fp4: fp4_layer.Fp4Layer
-    declared: declared_layer.DeclaredLayer
+    #: Each layer's record, in the order they were applied.
+    records: list
+    undo: UndoStack
+
+    def record(self, kind: type):
+        return next(record for record in self.records if isinstance(record, kind))
 
     @property
-    def layers(self) -> list:
-        """In the order they were applied (revert() undoes them newest first)."""
-        return [self.cuda, self.fp4, self.declared]
+    def swaps(self) -> List[rebind.Swaps]:
+        """The rebinding layers' swaps (the CUDA version's lookups, the FP4 functions)."""
+        return [record.swaps for record in self.records if isinstance(getattr(record, "swaps", None), rebind.Swaps)]
 
     @property
     def bindings(self) -> List[rebind.Binding]:
-        return self.cuda.swaps.bindings + self.fp4.swaps.bindings
+        return [binding for swaps in self.swaps for binding in swaps.bindings]
 
 
 _lock = threading.RLock()
 _applied: Optional[_Applied] = None
 _last_problem: Optional[str] = "not applied in this process (apply() has not run)"
-#: Whether ``export_for_children()`` set FP4_DYNAMO_SHIM=1 itself (revert() then withdraws it), and the
-#: value it replaced (one the hook does not understand), which revert() puts back.
-_exported = False
-_replaced_value: Optional[str] = None
 
 
 def flashinfer_version() -> Optional[str]:
@@ -84,14 +85,15 @@ def _refuse(message: str, settings: Settings, *, warn: bool = True, strict: bool
     return False
 
 
-def apply(route: str = "apply()") -> bool:
+def apply(route: str = "apply()", layers: Sequence = ()) -> bool:
     """Patch FlashInfer; True when the shim is active afterwards. Safe to call any number of times.
 
     Returns False, with ``status()["problem"]`` saying why and one warning, when the shim cannot apply
     (``FP4_DYNAMO_SHIM_DISABLE=1`` is not a warning: it was asked for). With ``FP4_DYNAMO_SHIM_STRICT=1``
     every refusal and every variable value it does not understand raises :class:`ApplyError` instead, unless
     the kill switch is on too: switched off, nothing raises (values it does not understand are still warned).
-    ``route`` is recorded in ``status()["activated_by"]``.
+    ``route`` is recorded in ``status()["activated_by"]``; ``layers`` are applied after ``LAYERS`` and undone
+    with them (the import's export to spawned children), only by the call that applies the shim.
     """
     with _lock:
         if _applied is not None:
@@ -119,7 +121,7 @@ def apply(route: str = "apply()") -> bool:
                 f"{switches.STRICT}=1 accepts only tested releases; FlashInfer was left untouched", settings,
             )
         try:
-            _apply(judgement, settings, route)
+            _apply(judgement, settings, route, (*LAYERS, *layers))
         except Exception as error:  # anything at all: FlashInfer has already been restored
             return _refuse(f"{type(error).__name__}: {error}; FlashInfer was left untouched", settings, cause=error)
         return True
@@ -138,105 +140,56 @@ def _warn_left_parts(judgement: release_parts.Judgement) -> None:
             )
 
 
-def _apply(judgement: release_parts.Judgement, settings: Settings, route: str) -> None:
-    """The layers in order: the CUDA version FlashInfer's JIT sees (building the FP4 kernels asks it), the FP4
-    layer, FlashInfer's declared ops. A part of an untested release that differs from the newest tested one
-    stays FlashInfer's. A failure undoes the layers already applied, newest first."""
+def _apply(judgement: release_parts.Judgement, settings: Settings, route: str, layers: Sequence) -> None:
+    """The layers in order, each undo pushed on one stack. A part of an untested release that differs from the
+    newest tested one stays FlashInfer's. A failure runs the stack, newest first, and raises."""
     global _applied, _last_problem
-    target, left = fp4_releases.target_for(judgement.row), judgement.left
+    left = judgement.left
     try:
-        module = None if fp4_parts.JIT_GETTER in left else importlib.import_module(target.module)
-        cpp_ext = None if cuda_version.PART.name in left else importlib.import_module(CPP_EXT)
+        if fp4_parts.JIT_GETTER not in left:
+            importlib.import_module(fp4_releases.target_for(judgement.row).module)
+        if cuda_version.PART.name not in left:
+            importlib.import_module(cuda_version.CPP_EXT)
     except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
         raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
     _warn_left_parts(judgement)
-    applied = []
+    context = Context(settings, judgement.version, judgement.row, left, route)
+    records, undo = [], UndoStack()
     try:
-        if cpp_ext is None:
-            applied.append(cuda_version.left_alone(left[cuda_version.PART.name]))
-        else:
-            applied.append(cuda_version.apply(settings.cuda_version, cpp_ext))
-        if applied[0].resolved.problem:
-            if settings.strict:
-                raise ApplyError(applied[0].resolved.problem)
-            switches.warn(applied[0].resolved.problem)
-        applied.append(fp4_layer.apply(judgement.row, target, module, settings.fallback, left))
-        applied.append(declared_layer.DeclaredLayer(settings.flashinfer_ops, judgement.version, settings.strict))
+        for layer in layers:
+            record = layer.apply(context)
+            records.append(record)
+            undo.push(record.undo)
     except BaseException:
-        for layer in reversed(applied):
-            layer.undo()
+        undo.undo_all()
         raise
-    _applied = _Applied(settings, route, judgement, *applied)
+    _applied = _Applied(settings, route, judgement, records, undo)
     _last_problem = None
-    resolved = _applied.cuda.resolved
+    resolved = _applied.record(cuda_version.CudaLayer).resolved
     logger.info(
         "fp4_dynamo_shim applied to flashinfer %s (by %s): %d names rebound, CUDA %s (%s), %d GPU(s)",
-        judgement.version, route, len(_applied.bindings), resolved.version, resolved.source, len(_applied.fp4.devices),
+        judgement.version, route, len(_applied.bindings), resolved.version, resolved.source,
+        len(_applied.record(fp4_layer.Fp4Layer).devices),
     )
     if not judgement.tested:
         logger.info("fp4_dynamo_shim: %s", judgement.line())
 
 
-def export_for_children() -> None:
-    """Set FP4_DYNAMO_SHIM=1 for child processes (what ``import fp4_dynamo_shim`` promises), unless the user
-    set the variable to a value the hook understands, and warn once if no start-up route would act on it in
-    a child. A value it does not understand would leave every child without the shim: it is replaced, and
-    the warning names it."""
-    global _exported, _replaced_value
-    value = os.environ.get(switches.HOOK, "")
-    if not value.strip() or switches.read(switches.HOOK)[1]:
-        os.environ[switches.HOOK] = "1"
-        _exported, _replaced_value = True, value if value.strip() else None
-        if _replaced_value is not None:
-            switches.warn(f"import fp4_dynamo_shim set {switches.HOOK}=1 for child processes in place of "
-                       f"{value!r}, which the import hook does not understand (children would run without "
-                       "the shim); revert() puts it back")
-    routes = site_files.installed_routes()
-    if not (routes["pth"] or routes["hook_pth"] or routes["sitecustomize"]):
-        plugin = sglang_releases.plugin_entry_point()
-        switches.warn(
-            f"import fp4_dynamo_shim exports {switches.HOOK}=1 for child processes, but no import hook is installed "
-            f"where they start (no {site_files.PACKAGE_PTH} or {site_files.HOOK_PTH} in {', '.join(map(str, site_files.site_dirs())) or 'any site directory'}"
-            + (f"; {routes['sitecustomize_shadowed_by']} shadows the sitecustomize block" if routes["sitecustomize_shadowed_by"] else "")
-            + "), so spawned workers such as SGLang's schedulers will not apply the shim"
-            + (" (the SGLang plugin still does, on SGLang >= 0.5.11)" if plugin else "")
-            + ". Install the package with pip (a wheel or -e), or run `fp4-dynamo-shim install-hook`; "
-            "`python -m fp4_dynamo_shim.verify` checks a spawned worker."
-        )
-
-
-def user_environment() -> dict:
-    """``os.environ`` as the user set it: without what ``export_for_children()`` changed here."""
-    environment = dict(os.environ)
-    if _exported and environment.get(switches.HOOK) == "1":
-        if _replaced_value is None:
-            del environment[switches.HOOK]
-        else:
-            environment[switches.HOOK] = _replaced_value
-    return environment
-
-
 def revert() -> bool:
-    """Put every rebound name back to FlashInfer's original object and restore FlashInfer's own op
-    registrations; withdraw the FP4_DYNAMO_SHIM=1 that ``import fp4_dynamo_shim`` set for children.
-    Returns True if the shim was applied (and is now reverted), False if there was nothing to revert.
+    """Put every rebound name back to FlashInfer's original object, restore FlashInfer's own op registrations,
+    and withdraw the FP4_DYNAMO_SHIM=1 that ``import fp4_dynamo_shim`` set for children: every layer's undo,
+    newest first. Returns True if the shim was applied (and is now reverted), False if there was nothing to
+    revert.
 
     The custom op stays registered and configured: graphs already compiled or captured with it keep
     working. Functions compiled through a rebound global recompile on their next call (Dynamo guards
     on that global) and then trace FlashInfer's original again.
     """
-    global _applied, _last_problem, _exported, _replaced_value
+    global _applied, _last_problem
     with _lock:
-        if _exported and os.environ.get(switches.HOOK) == "1":
-            if _replaced_value is None:
-                del os.environ[switches.HOOK]
-            else:
-                os.environ[switches.HOOK] = _replaced_value
-        _exported, _replaced_value = False, None
         if _applied is None:
             return False
-        for layer in reversed(_applied.layers):
-            layer.undo()
+        _applied.undo.undo_all()
         _applied = None
         _last_problem = "revert() was called"
         return True
@@ -252,7 +205,7 @@ def rebind_modules(modules=None) -> List[rebind.Binding]:
         if _applied is None:
             return []
         modules = list(modules) if modules is not None else None
-        return _applied.cuda.swaps.rebind(modules) + _applied.fp4.swaps.rebind(modules)
+        return [binding for swaps in _applied.swaps for binding in swaps.rebind(modules)]
 
 
 def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
@@ -260,7 +213,7 @@ def original_function(name: str = "fp4_quantize") -> Optional[Callable]:
     with _lock:
         if _applied is None:
             return None
-        return _applied.fp4.original(name)
+        return _applied.record(fp4_layer.Fp4Layer).original(name)
 
 
 #: The keys of ``status()``, always all present (None where not applicable).
@@ -297,17 +250,17 @@ def status() -> dict:
             "fallback": settings.fallback,
             "strict": settings.strict,
             "warnings": list(settings.problems),
-            "routes": {**site_files.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
-            "children": {switches.HOOK: os.environ.get(switches.HOOK), "exported_by_import": _exported},
+            "routes": {**startup_files.installed_routes(), "plugin": sglang_releases.plugin_entry_point()},
+            "children": startup_files.children(),
             "target": None, "op": None, "family": None, "rebound": None, "cuda_version": None, "devices": None,
             "skipped": None, "flashinfer_ops": None,
         }
         if applied is None:
             return report
-        # Each layer describes its part; "skipped" collects theirs, the FP4 layer's first, and "warnings" adds theirs.
-        parts = [applied.fp4.describe(), applied.cuda.describe(), applied.declared.describe()]
+        # Each layer describes its part, in the order they applied; "skipped" and "warnings" collect theirs.
+        parts = [record.describe() for record in applied.records]
         report.update({key: value for part in parts for key, value in part.items() if key not in ("skipped", "warnings")})
-        report["skipped"] = [line for part in parts for line in part["skipped"]]
+        report["skipped"] = [line for part in parts for line in part.get("skipped", [])]
         report["warnings"] += [line for part in parts for line in part.get("warnings", [])]
         report["rebound"] = [str(binding) for binding in applied.bindings]
         return report

@@ -17,12 +17,12 @@ __all__ = ["apply", "revert", "status"]
 # command needs it, and loads torch and FlashInfer only then (`--version` does not pay for them).
 if not importer.running_the_command_line():
     from _fp4_dynamo_shim import lifecycle
+    from _fp4_dynamo_shim.activation import export
     from _fp4_dynamo_shim.lifecycle import apply, revert, status
 
-    # Only the import that applied the shim exports it to children: a start-up route or the plugin that
-    # applied it first reaches children by itself.
-    if lifecycle.apply(route="import") and status()["activated_by"] == "import":
-        lifecycle.export_for_children()
+    # The import adds the export to children, applied only where this import applies the shim: a start-up
+    # route or the plugin that applied it first reaches children by itself.
+    lifecycle.apply(route="import", layers=(export,))
 
 
 def __getattr__(name):

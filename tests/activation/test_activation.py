@@ -16,6 +16,7 @@ import pytest
 
 import venvs
 from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 from _fp4_dynamo_shim.sglang import sglang_releases
 
 
@@ -121,7 +122,7 @@ def test_install_and_uninstall_hook_round_trip_keeps_an_existing_sitecustomize(t
     path = tmp_path / "sitecustomize.py"
     assert installed == site_files.Installed(path, True, "sitecustomize")  # not a site directory: the block route
     text = path.read_text()
-    assert text.startswith(existing) and site_files.BEGIN in text and text.count(site_files.BEGIN) == 1
+    assert text.startswith(existing) and startup_files.BEGIN in text and text.count(startup_files.BEGIN) == 1
     assert site_files.install_hook(tmp_path) == site_files.Installed(path, False, "sitecustomize") and path.read_text() == text
     assert site_files.uninstall_hook(tmp_path) == [path]
     assert path.read_text() == existing

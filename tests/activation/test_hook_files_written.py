@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 
-BEGIN, END, BLOCK = site_files.BEGIN, site_files.END, site_files.BLOCK
+BEGIN, END, BLOCK = startup_files.BEGIN, startup_files.END, site_files.BLOCK
 
 
 @pytest.fixture
@@ -67,10 +68,10 @@ def users_sitecustomize(tmp_path, monkeypatch) -> Path:
 
 def test_the_pth_route_writes_one_import_line_and_a_second_install_changes_nothing(site_packages):
     directory = site_packages[1]
-    path = directory / site_files.HOOK_PTH
+    path = directory / startup_files.HOOK_PTH
     assert site_files.install_hook(directory, check=False) == site_files.Installed(path, True, "pth")
     text = path.read_text()
-    assert text == site_files.HOOK_PTH_TEXT and sorted(os.listdir(directory)) == [site_files.HOOK_PTH]
+    assert text == site_files.HOOK_PTH_TEXT and sorted(os.listdir(directory)) == [startup_files.HOOK_PTH]
     assert text.startswith("import ") and text.count("\n") == 1  # site.py runs a .pth line only if it starts so
     assert site_files.install_hook(directory, check=False) == site_files.Installed(path, False, "pth")
     assert path.read_text() == text
@@ -115,8 +116,8 @@ def test_installing_into_something_that_is_not_a_directory_names_it_and_writes_n
 # --- the default directory -------------------------------------------------------------------------------------
 
 def test_without_a_directory_both_commands_use_the_first_site_directory(site_packages):
-    path = site_packages[0] / site_files.HOOK_PTH
-    assert site_files.default_site_dir() == site_packages[0]
+    path = site_packages[0] / startup_files.HOOK_PTH
+    assert startup_files.default_site_dir() == site_packages[0]
     assert site_files.install_hook(check=False) == site_files.Installed(path, True, "pth")
     assert os.listdir(site_packages[1]) == []
     assert site_files.uninstall_hook() == [path] and os.listdir(site_packages[0]) == []
@@ -128,8 +129,8 @@ def test_without_site_directories_the_default_is_this_interpreters_purelib(how, 
     """Old virtualenv releases shipped a site.py without ``getsitepackages``."""
     if how != "no site directories":
         monkeypatch.delattr(site, "getsitepackages")
-    assert site_files.site_dirs() == []
-    assert site_files.default_site_dir() == Path(sysconfig.get_paths()["purelib"])
+    assert startup_files.site_dirs() == []
+    assert startup_files.default_site_dir() == Path(sysconfig.get_paths()["purelib"])
 
 
 def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last(tmp_path, monkeypatch):
@@ -140,9 +141,9 @@ def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last
     monkeypatch.setattr(site, "getsitepackages", lambda: [str(real), str(tmp_path / "gone"), str(tmp_path / "alias")])
     monkeypatch.setattr(site, "getusersitepackages", lambda: str(user))
     monkeypatch.setattr(site, "ENABLE_USER_SITE", True)
-    assert site_files.site_dirs() == [real, user]
+    assert startup_files.site_dirs() == [real, user]
     monkeypatch.setattr(site, "ENABLE_USER_SITE", False)
-    assert site_files.site_dirs() == [real]
+    assert startup_files.site_dirs() == [real]
 
 
 # --- uninstall -------------------------------------------------------------------------------------------------
@@ -160,8 +161,8 @@ def test_site_directories_are_listed_once_each_existing_ones_only_user_site_last
 def test_uninstall_keeps_the_users_own_sitecustomize_lines_byte_for_byte(before, after, tmp_path):
     path = tmp_path / "sitecustomize.py"
     path.write_text(before + BLOCK + after)
-    (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
-    assert site_files.uninstall_hook(tmp_path) == [tmp_path / site_files.HOOK_PTH, path]
+    (tmp_path / startup_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    assert site_files.uninstall_hook(tmp_path) == [tmp_path / startup_files.HOOK_PTH, path]
     assert path.read_bytes() == (before + after).encode()
     assert sorted(os.listdir(tmp_path)) == ["sitecustomize.py"]
 
@@ -171,11 +172,11 @@ def test_uninstall_refuses_a_block_whose_end_marker_is_gone_naming_the_file_and_
     path = tmp_path / "sitecustomize.py"
     broken = "import os\n" + BLOCK.replace(END, "# edited by hand")
     path.write_text(broken)
-    (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    (tmp_path / startup_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     with pytest.raises(ValueError) as raised:
         site_files.uninstall_hook(tmp_path)
     assert str(raised.value) == f"{path}: found {BEGIN!r} without {END!r}; fix the file by hand"
-    assert path.read_text() == broken and sorted(os.listdir(tmp_path)) == [site_files.HOOK_PTH, "sitecustomize.py"]
+    assert path.read_text() == broken and sorted(os.listdir(tmp_path)) == [startup_files.HOOK_PTH, "sitecustomize.py"]
 
 
 # --- how a file is replaced ------------------------------------------------------------------------------------
@@ -254,7 +255,7 @@ def test_a_pth_no_new_interpreter_reads_is_refused_taken_back_out_and_the_site_d
     a new interpreter does not. FP4_DYNAMO_SHIM=1 is set here, so the package's own .pth starts the hook in
     that interpreter: it must not pass for the route just written. The check is on by default."""
     monkeypatch.setenv("FP4_DYNAMO_SHIM", "1")
-    path = site_packages[0] / site_files.HOOK_PTH
+    path = site_packages[0] / startup_files.HOOK_PTH
     with pytest.raises(site_files.HookNotRunning) as raised:
         site_files.install_hook(site_packages[0])
     assert str(raised.value) == (
@@ -315,8 +316,8 @@ def test_the_check_runs_without_the_kill_switch_set_here(tmp_path, monkeypatch):
 def test_installed_routes_names_each_file_and_a_sitecustomize_that_hides_a_block(site_packages, tmp_path, monkeypatch):
     """Stand-in for the sitecustomize this interpreter imported at start-up: a module in ``sys.modules``."""
     first, second = site_packages
-    (second / site_files.PACKAGE_PTH).write_text("import os\n")
-    (first / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+    (second / startup_files.PACKAGE_PTH).write_text("import os\n")
+    (first / startup_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     (second / "sitecustomize.py").write_text(BLOCK)
     other = tmp_path / "other" / "sitecustomize.py"
     other.parent.mkdir()
@@ -324,9 +325,9 @@ def test_installed_routes_names_each_file_and_a_sitecustomize_that_hides_a_block
 
     def imported(path):
         monkeypatch.setitem(sys.modules, "sitecustomize", types.SimpleNamespace(__file__=str(path)))
-        return site_files.installed_routes()
+        return startup_files.installed_routes()
 
-    files = {"pth": str(second / site_files.PACKAGE_PTH), "hook_pth": str(first / site_files.HOOK_PTH)}
+    files = {"pth": str(second / startup_files.PACKAGE_PTH), "hook_pth": str(first / startup_files.HOOK_PTH)}
     assert imported(second / "sitecustomize.py") == {
         **files, "sitecustomize": str(second / "sitecustomize.py"), "sitecustomize_shadowed_by": None}
     assert imported(other) == {**files, "sitecustomize": None, "sitecustomize_shadowed_by": str(other)}
@@ -334,8 +335,8 @@ def test_installed_routes_names_each_file_and_a_sitecustomize_that_hides_a_block
     assert imported(other) == {**files, "sitecustomize": str(other), "sitecustomize_shadowed_by": None}
     monkeypatch.delitem(sys.modules, "sitecustomize")
     monkeypatch.syspath_prepend(str(second))  # not imported yet: the one import would load
-    assert site_files.installed_routes()["sitecustomize"] == str(second / "sitecustomize.py")
-    for path in (first / site_files.HOOK_PTH, second / site_files.PACKAGE_PTH):
+    assert startup_files.installed_routes()["sitecustomize"] == str(second / "sitecustomize.py")
+    for path in (first / startup_files.HOOK_PTH, second / startup_files.PACKAGE_PTH):
         path.unlink()
     (second / "sitecustomize.py").unlink()
     (second / "sitecustomize.py").mkdir()  # unreadable as a file: no route
@@ -375,4 +376,4 @@ def test_a_sitecustomize_module_without_a_file_or_spec_reads_as_none(monkeypatch
     """A sitecustomize put in sys.modules by hand (no ``__file__``, ``__spec__`` None) makes find_spec raise
     ValueError: the origin is then unknown, not an error."""
     monkeypatch.setitem(sys.modules, "sitecustomize", types.ModuleType("sitecustomize"))
-    assert site_files._sitecustomize_origin() is None
+    assert startup_files.sitecustomize_origin() is None

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 
 
 #: Every test here builds a virtual environment.
@@ -58,7 +58,7 @@ def test_pip_uninstall_before_uninstall_hook_leaves_every_interpreter_start_sile
     # The venv's own interpreter runs pip (found through dependencies.pth): it uninstalls the venv's copy only.
     removed = installed.command(["-m", "pip", "uninstall", "-y", "fp4-dynamo-shim"])
     assert removed.returncode == 0 and "Successfully uninstalled fp4-dynamo-shim" in removed.stdout, removed.stderr
-    assert (installed.site / site_files.HOOK_PTH).exists() and (tmp_path / "sitecustomize.py").exists()
+    assert (installed.site / startup_files.HOOK_PTH).exists() and (tmp_path / "sitecustomize.py").exists()
     paths = [path for path in venvs.dependency_paths() if not (Path(path) / "fp4_dynamo_shim_hook.py").exists()]
     (installed.site / "dependencies.pth").write_text("".join(f"{path}\n" for path in paths))
     gone = installed.run("import importlib.util; print(importlib.util.find_spec('fp4_dynamo_shim_hook'))")

@@ -62,7 +62,7 @@ def own_layers(unpatched):
     layers = []
 
     def apply(gate, **keywords):
-        layer = declared_layer.apply(gate, VERSION, **keywords)
+        layer = declared_layer.start(gate, VERSION, **keywords)
         layers.append(layer)
         return layer
 
@@ -136,7 +136,7 @@ def test_the_gate_off_reads_nothing_and_says_so(monkeypatch):
 
 def test_a_reverted_layer_says_so():
     """What a layer's import hook reads when torch._dynamo comes after revert (and what describe() shows)."""
-    layer = declared_layer.apply("off", VERSION)
+    layer = declared_layer.start("off", VERSION)
     declared_layer.revert(layer)
     assert declared_layer.describe(layer)["state"] == "reverted"
 

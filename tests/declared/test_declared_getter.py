@@ -59,8 +59,7 @@ def example():
     layer = build.Layer("all", "a test")
     registrar = build.Registrar(layer)
     yield module, declarations, namespaces[0], layer, registrar, prefix
-    while layer.undo:
-        layer.undo.pop()()
+    layer.undo.undo_all()
 
 
 def _members(declarations):
@@ -89,8 +88,7 @@ def test_the_polyfill_returns_a_namespace_whose_declared_entry_calls_the_op_and_
         assert str(refused.value).startswith(
             f"fp4_dynamo_shim: {module.__name__}.get_module().{described} is not behind a custom op")
 
-    while layer.undo:  # revert: the generated getter's ops are gone from its globals
-        layer.undo.pop()()
+    layer.undo.undo_all()  # revert: the generated getter's ops are gone from its globals
     assert traceable.__globals__[next(k for k in traceable.__globals__ if k.startswith("_op_"))] is None
 
 
@@ -118,8 +116,7 @@ def test_a_getter_without_a_cache_is_traced_itself_and_a_failed_registration_is_
     build.getter(layer, registrar, members, module, facts)
     ((original, traceable, _, _),) = layer.pending
     assert original is module.get_module and members[0][1].op == "fp4_dynamo_shim_flashinfer::op"
-    while layer.undo:
-        layer.undo.pop()()
+    layer.undo.undo_all()
 
     def broken(op, kernel, fake):
         raise RuntimeError("the fragment is gone")
@@ -172,8 +169,7 @@ def test_a_getter_and_its_function_that_share_a_parameter_name_each_get_their_ow
             assert torch.equal(traceable(*getter_args, tiles=9).attend(*call_args), eager), (getter_args, call_args)
         assert torch.equal(traceable(2, tiles=9).attend(x, q_seq_len=1, tiles=3), torch.full((2,), 222.0))  # 1 * (2*100 + 9) + 1*10 + 3
     finally:
-        while layer.undo:
-            layer.undo.pop()()
+        layer.undo.undo_all()
 
 
 def test_op_parameters_that_would_collide_are_refused_by_name():

@@ -117,8 +117,7 @@ def layer():
     """A layer and its registrar; undone afterwards, which destroys the fragment."""
     layer = build.Layer("all", "a test")
     yield layer, build.Registrar(layer)
-    while layer.undo:
-        layer.undo.pop()()
+    layer.undo.undo_all()
 
 
 def _outcome(declaration):

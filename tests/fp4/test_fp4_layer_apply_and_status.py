@@ -1,4 +1,4 @@
-"""The FP4 layer as one record: what ``fp4_layer.apply`` hands each of its steps, what it leaves behind when a
+"""The FP4 layer as one record: what ``fp4_layer.patch`` hands each of its steps, what it leaves behind when a
 step fails, and the words its ``skipped()`` and ``describe()`` give ``status()`` for each kind of GPU.
 
 The layer is applied here the way ``apply()`` applies it (the installed release's version, its row of
@@ -116,7 +116,7 @@ def test_describe_gives_status_every_key_of_the_layer():
 
 def test_status_carries_the_applied_layers_description():
     """status() is where these words reach users: the FP4 layer's keys verbatim, its skipped lines first."""
-    described, status = lifecycle._applied.fp4.describe(), lifecycle.status()
+    described, status = lifecycle._applied.record(fp4_layer.Fp4Layer).describe(), lifecycle.status()
     assert {key: status[key] for key in ("target", "op", "family", "devices")} == {
         key: described[key] for key in ("target", "op", "family", "devices")}
     assert status["skipped"][:len(described["skipped"])] == described["skipped"]
@@ -130,7 +130,7 @@ def test_applying_over_a_replacement_raises_apply_error_and_changes_nothing(devi
     device_state(**{field.name: getattr(devices.STATE, field.name) for field in dataclasses.fields(devices.DeviceState)})
     module, before = fp4_module(), flashinfer_functions()
     try:
-        layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+        layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     except ApplyError as error:
         assert str(error) == f"{TARGET.module}.fp4_quantize is already a fp4_dynamo_shim replacement"
     else:
@@ -161,7 +161,7 @@ def test_a_failing_step_leaves_flashinfer_exactly_as_it_was_and_raises_its_own_e
     module, before = fp4_module(), flashinfer_functions()
     original = module.fp4_quantize
     try:
-        layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+        layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     except error_type as raised:
         assert raised is error
     else:
@@ -191,7 +191,7 @@ def test_a_stood_in_sm90_is_loaded_with_the_fallback_and_its_launcher_configured
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "stand-in H200")
-    layer = fp4_layer.apply(VERSION, TARGET, module, "reference")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "reference")
     try:
         assert asked == ["90"]
         (device,) = layer.devices
@@ -224,7 +224,7 @@ def test_an_mm_fp4_the_release_leaves_alone_is_not_handed_to_the_ops(unpatched, 
     monkeypatch.setattr(family, "build_replacements", without_mm_fp4)
     gemm = importlib.import_module("flashinfer.gemm")
     mm_fp4 = gemm.mm_fp4
-    layer = fp4_layer.apply(VERSION, TARGET, fp4_module(), "error")
+    layer = fp4_layer.patch(VERSION, TARGET, fp4_module(), "error")
     try:
         assert devices.STATE.mm_fp4 is None
         assert layer.family["mm_fp4"] == "left alone: stood in" and gemm.mm_fp4 is mm_fp4
@@ -236,7 +236,7 @@ def test_an_mm_fp4_the_release_leaves_alone_is_not_handed_to_the_ops(unpatched, 
 def test_the_family_report_is_the_releases_members_and_says_what_was_rebound(unpatched):
     """Every member of this release is reported, and each one reported op-backed is the shim's function in the
     module the report names."""
-    layer = fp4_layer.apply(VERSION, TARGET, fp4_module(), "error")
+    layer = fp4_layer.patch(VERSION, TARGET, fp4_module(), "error")
     try:
         members = {member.name for member in family.members_for(VERSION)}
         assert set(layer.family) - {OP_KEY} == members
@@ -253,7 +253,7 @@ def test_the_installed_replacement_takes_the_direct_path_for_the_common_call(unp
     path to a GPU's JIT entry. Stand-in: that entry (``stand_in_gpu.reference_entry``: records the call, fills
     the buffers with the reference's bytes), reached by CPU tensors."""
     module = fp4_module()
-    layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     try:
         calls = []
         device_state(**stand_in_gpu.direct_path_on_cpu(stand_in_gpu.reference_entry(calls)))
@@ -270,7 +270,7 @@ def test_the_family_quantizes_through_the_layers_fp4_quantize(unpatched):
     """nvfp4_quantize's replacement calls the fp4_quantize replacement built in the same apply() (FlashInfer's own
     function has no CPU kernel): same bytes as calling that replacement."""
     module = fp4_module()
-    layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     try:
         x, scale = nvfp4_input(rows=4, columns=64)
         assert same(module.nvfp4_quantize(x, scale), module.fp4_quantize(x, scale))
@@ -287,7 +287,7 @@ def test_the_ops_repair_is_undone_with_the_layer_and_reported(unpatched):
         pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
     module = fp4_module()
     x, scale = nvfp4_input(rows=4, columns=64)
-    layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     try:
         assert layer.family[OP_KEY] == flashinfer_op.describe(TARGET)
         torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, None)
@@ -301,9 +301,9 @@ def test_the_ops_repair_is_undone_with_the_layer_and_reported(unpatched):
 def test_a_release_with_nothing_to_repair_reports_no_op_and_keeps_no_restorer(unpatched, monkeypatch):
     """Stand-in: FlashInfer's op library without the op, as a release before 0.6.12 has it."""
     monkeypatch.setattr(torch.ops, "flashinfer", types.SimpleNamespace())
-    layer = fp4_layer.apply(VERSION, TARGET, fp4_module(), "error")
+    layer = fp4_layer.patch(VERSION, TARGET, fp4_module(), "error")
     try:
-        assert OP_KEY not in layer.family and layer.restorers == []
+        assert OP_KEY not in layer.family and len(layer.undo_steps) == 1  # the rebinding's undo alone
     finally:
         layer.undo()
 
@@ -315,7 +315,7 @@ def test_the_repaired_op_follows_its_own_4over6_code(unpatched):
         pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
     recipe, code = four_over_six()
     module = fp4_module()
-    layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     try:
         x, scale = nvfp4_input()
         with_code = torch.ops.flashinfer.fp4_quantize(x, scale, 16, False, True, False, None, code)
@@ -329,7 +329,7 @@ def test_the_batched_family_member_follows_the_4over6_recipe_it_is_given(unpatch
     """nvfp4_batched_quantize hands its op the code of the recipe the caller passed, as FlashInfer's does."""
     recipe, code = four_over_six("nvfp4_batched_quantize")
     module = fp4_module()
-    layer = fp4_layer.apply(VERSION, TARGET, module, "error")
+    layer = fp4_layer.patch(VERSION, TARGET, module, "error")
     try:
         x, scale = nvfp4_input(rows=8, columns=64, layout="3-D")
         got = module.nvfp4_batched_quantize(x, scale, nvfp4_4over6=recipe)

@@ -234,7 +234,7 @@ def test_visible_gpus_are_zero_without_a_cuda_build_and_torchs_count_with_one(mo
 
 def test_original_is_flashinfers_function_behind_each_replacement():
     """``original_function(name)`` (public through ``lifecycle``) for every function the applied layer replaced."""
-    pairs = lifecycle._applied.fp4.swaps.pairs
+    pairs = lifecycle._applied.record(Fp4Layer).swaps.pairs
     assert pairs
     for old, new in pairs:
         assert lifecycle.original_function(old.__name__) is old
@@ -244,7 +244,7 @@ def test_original_finds_by_name_skips_unnamed_originals_and_answers_none_where_t
     """A layer whose pairs hold an original without a ``__name__`` (a functools.partial some code bound in the
     function's place), two shim replacements, and a pair whose new function is not the shim's: only a pair with
     that name and a shim replacement answers."""
-    by_name = {old.__name__: (old, new) for old, new in lifecycle._applied.fp4.swaps.pairs}
+    by_name = {old.__name__: (old, new) for old, new in lifecycle._applied.record(Fp4Layer).swaps.pairs}
     fp4_old, fp4_new = by_name["fp4_quantize"]
     nvfp4_old, nvfp4_new = by_name["nvfp4_quantize"]
     mxfp4_old = by_name["mxfp4_quantize"][0]

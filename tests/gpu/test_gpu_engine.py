@@ -54,7 +54,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 from _fp4_dynamo_shim.sglang import sglang_releases
 
 ENGINE = Path(__file__).resolve().parent / "engine"
@@ -173,7 +173,7 @@ def _times_table(results) -> str:
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory):
     """Every (architecture, case) engine, all started at once on the one GPU; their results by key."""
-    routes = site_files.installed_routes()
+    routes = startup_files.installed_routes()
     assert routes["pth"] and sglang_releases.plugin_entry_point(), (
         "install the shim as a wheel in a site directory for the hook and plugin routes "
         f"(routes here: {routes}, plugin: {sglang_releases.plugin_entry_point()})")

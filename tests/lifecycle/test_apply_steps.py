@@ -9,33 +9,58 @@ from __future__ import annotations
 
 import importlib
 import logging
+import types
 
 import pytest
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.errors import ApplyError
+from _fp4_dynamo_shim.fp4 import replacement
 
 
-def test_each_layer_gets_the_setting_it_reads(monkeypatch, applied_with):
-    handed = {}
-    fp4_apply, declared = lifecycle.fp4_layer.apply, lifecycle.declared_layer.DeclaredLayer
+def test_every_layer_gets_the_settings_and_the_release_and_is_undone_newest_first(unpatched, monkeypatch):
+    """A layer the caller adds (as the import adds the export to children) is applied after the shim's own,
+    with the same context, and revert() undoes it first: while it is undone the FP4 layer is still in place."""
+    import flashinfer
 
-    def fp4_layer(version, target, module, fallback, *left):
-        handed["fallback"] = fallback
-        return fp4_apply(version, target, module, fallback, *left)
+    seen, undone = [], []
 
-    def declared_layer(gate, flashinfer_version, strict):
-        handed["gate"], handed["strict"], handed["version"] = gate, strict, flashinfer_version
-        return declared(gate, flashinfer_version, strict)
+    class Recorder:
+        @staticmethod
+        def apply(context):
+            seen.append(context)
+            return types.SimpleNamespace(
+                undo=lambda: undone.append(replacement.is_shim(flashinfer.fp4_quantize)), describe=lambda: {})
 
-    monkeypatch.setattr(lifecycle.fp4_layer, "apply", fp4_layer)
-    monkeypatch.setattr(lifecycle.declared_layer, "DeclaredLayer", declared_layer)
-    applied_with(FALLBACK="reference", FLASHINFER_OPS="off", STRICT="1")
-    installed = lifecycle.flashinfer_version()
-    assert handed == {"fallback": "reference", "gate": "off", "strict": True, "version": installed}
-    applied_with(FALLBACK=None, FLASHINFER_OPS="all", STRICT=None)
-    assert handed == {"fallback": "error", "gate": "all", "strict": False, "version": installed}
+    for name, value in (("FALLBACK", "reference"), ("FLASHINFER_OPS", "off"), ("STRICT", "1")):
+        monkeypatch.setenv(f"FP4_DYNAMO_SHIM_{name}", value)
+    assert lifecycle.apply(route="a test", layers=(Recorder,))
+    assert lifecycle.apply(route="a second route", layers=(Recorder,))  # applied already: nothing added
+    [context] = seen
+    assert (context.settings.fallback, context.settings.flashinfer_ops, context.settings.strict) == \
+        ("reference", "off", True)
+    assert (context.version, context.row, context.left, context.route) == \
+        (lifecycle.flashinfer_version(),) * 2 + ({}, "a test")
+    assert fp4_dynamo_shim.status()["flashinfer_ops"]["gate"] == "off"
+    assert fp4_dynamo_shim.revert() and undone == [True] and not replacement.is_shim(flashinfer.fp4_quantize)
+
+
+def test_a_layer_that_fails_leaves_flashinfer_as_it_was(unpatched):
+    """The layers already applied are undone, newest first, and apply() says why."""
+    import flashinfer
+
+    original = flashinfer.fp4_quantize
+
+    class Failing:
+        @staticmethod
+        def apply(context):
+            assert replacement.is_shim(flashinfer.fp4_quantize)  # the shim's own layers came first
+            raise RuntimeError("a layer that fails")
+
+    assert lifecycle.apply(route="a test", layers=(Failing,)) is False
+    assert fp4_dynamo_shim.status()["problem"] == "RuntimeError: a layer that fails; FlashInfer was left untouched"
+    assert flashinfer.fp4_quantize is original
 
 
 def test_apply_logs_one_line_with_what_it_did_and_status_has_no_problem(unpatched, caplog):
@@ -81,8 +106,13 @@ def test_rebind_modules_rebinds_both_layers_originals_in_exactly_the_modules_giv
     import sys
     import types
 
-    (cuda_original, cuda_replacement), *_ = lifecycle._applied.cuda.swaps.pairs
-    fp4_original, fp4_replacement = lifecycle._applied.fp4.swaps.pairs[0]
+    import flashinfer
+    from flashinfer.jit import cpp_ext
+
+    fp4_dynamo_shim.revert()
+    cuda_original, fp4_original = cpp_ext.get_cuda_version, flashinfer.fp4_quantize
+    assert fp4_dynamo_shim.apply()
+    cuda_replacement, fp4_replacement = cpp_ext.get_cuda_version, flashinfer.fp4_quantize
     given, other = types.ModuleType("kept_originals_given"), types.ModuleType("kept_originals_other")
     for module in (given, other):
         module.get_cuda_version, module.fp4_quantize = cuda_original, fp4_original

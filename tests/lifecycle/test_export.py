@@ -2,9 +2,9 @@
 user's value is one the hook understands, the warning when a value is replaced or when no start-up route would
 act on it in a child, and the user's own environment as ``user_environment()`` gives it back.
 
-A child started with it is the spawn and venv tests' (tests/activation/); here ``export_for_children`` is called
-directly so that its words and choices are seen by a test that reaches it (and by mutmut's trampolines, which do
-not follow children). The start-up routes are real files in two temporary site directories, which stand in for
+A child started with it is the spawn and venv tests' (tests/activation/); here the shim is applied in this process
+as the import applies it (``lifecycle.apply`` with the export layer), so that its words and choices are seen by a
+test that reaches it (and by mutmut's trampolines, which do not follow children). The start-up routes are real files in two temporary site directories, which stand in for
 this interpreter's (``site.getsitepackages``); SGLang's plugin entry point is stood in at importlib.metadata.
 """
 
@@ -21,6 +21,7 @@ import pytest
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle, switches
+from _fp4_dynamo_shim.activation import export
 
 BLOCK = "# >>> fp4-dynamo-shim import hook >>>\nimport fp4_dynamo_shim_hook\n"
 NO_HOOK = ("import fp4_dynamo_shim exports FP4_DYNAMO_SHIM=1 for child processes, but no import hook is installed "
@@ -32,9 +33,9 @@ NO_HOOK = ("import fp4_dynamo_shim exports FP4_DYNAMO_SHIM=1 for child processes
 
 @pytest.fixture
 def exporting(sites, without_the_export, monkeypatch, caplog):
-    """Call export_for_children() with the given variable value, in a process that exported nothing yet; returns
-    (what it said, the variable's value)."""
-    def export(value, plugin=None):
+    """Apply the shim as the import does (with the export to children) under the given variable value, in a
+    process that exported nothing yet; returns (what it said, the variable's value)."""
+    def apply_as_the_import(value, plugin=None):
         if value is None:
             monkeypatch.delenv(switches.HOOK, raising=False)
         else:
@@ -44,10 +45,10 @@ def exporting(sites, without_the_export, monkeypatch, caplog):
             monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [entry])
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="fp4_dynamo_shim"):
-            lifecycle.export_for_children()
+            lifecycle.apply(route="import", layers=(export,))
         return [record.getMessage() for record in caplog.records], os.environ.get(switches.HOOK)
 
-    return export
+    return apply_as_the_import
 
 
 def install(directory, name, text="import fp4_dynamo_shim_hook\n"):
@@ -60,7 +61,7 @@ def test_unset_or_blank_becomes_1_and_the_user_environment_has_none(exporting, s
     install(sites[0], "fp4_dynamo_shim.pth")
     said, exported = exporting(value)
     assert (said, exported) == ([], "1")
-    assert switches.HOOK not in lifecycle.user_environment()
+    assert switches.HOOK not in export.user_environment()
 
 
 @pytest.mark.parametrize("value", ["1", " TRUE ", "On"])
@@ -68,7 +69,7 @@ def test_a_value_the_hook_understands_is_left_as_the_user_wrote_it(exporting, si
     install(sites[1], "fp4_dynamo_shim_hook.pth")
     said, exported = exporting(value)
     assert (said, exported) == ([], value)
-    assert lifecycle.user_environment()[switches.HOOK] == value
+    assert export.user_environment()[switches.HOOK] == value
 
 
 def test_a_value_the_hook_does_not_understand_is_replaced_and_named(exporting, sites, monkeypatch):
@@ -77,17 +78,18 @@ def test_a_value_the_hook_does_not_understand_is_replaced_and_named(exporting, s
     monkeypatch.setitem(sys.modules, "sitecustomize", custom)
     said, exported = exporting("bogus-for-the-export")
     assert exported == "1"
-    assert said == ["import fp4_dynamo_shim set FP4_DYNAMO_SHIM=1 for child processes in place of "
+    assert "FP4_DYNAMO_SHIM='bogus-for-the-export' is not understood" in said[0]  # apply() reads the setting first
+    assert said[1:] == ["import fp4_dynamo_shim set FP4_DYNAMO_SHIM=1 for child processes in place of "
                     "'bogus-for-the-export', which the import hook does not understand (children would run without "
                     "the shim); revert() puts it back"]
-    assert lifecycle.user_environment()[switches.HOOK] == "bogus-for-the-export"  # for verify's worker check
+    assert export.user_environment()[switches.HOOK] == "bogus-for-the-export"  # for verify's worker check
 
 
 def test_user_environment_gives_back_only_what_the_export_changed(exporting, sites, monkeypatch):
     install(sites[0], "fp4_dynamo_shim.pth")
     exporting(None)
     monkeypatch.setenv(switches.HOOK, "0")  # the user (or a test) set it after the import: theirs, not the export's
-    assert lifecycle.user_environment()[switches.HOOK] == "0"
+    assert export.user_environment()[switches.HOOK] == "0"
 
 
 @pytest.mark.parametrize("shadowed, plugin", [(False, None), (True, None), (False, "pkg.module:plugin")])

@@ -23,6 +23,7 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim import cli
 from _fp4_dynamo_shim.errors import EXIT_USAGE
 from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 
 
 def test_the_help_pages_are_the_reviewed_text():
@@ -125,7 +126,7 @@ def test_install_hook_that_a_new_interpreter_does_not_run_fails_with_the_writers
     assert cli.main(["install-hook", "--site-dir", str(sites[0])]) == 1
     said = capsys.readouterr()
     assert said.out == "" and said.err.startswith("fp4-dynamo-shim install-hook: ")
-    assert str(sites[0] / site_files.HOOK_PTH) in said.err and list(sites[0].iterdir()) == []
+    assert str(sites[0] / startup_files.HOOK_PTH) in said.err and list(sites[0].iterdir()) == []
 
 
 @pytest.mark.parametrize("command, error, words", [
@@ -144,7 +145,7 @@ def test_a_hook_command_that_cannot_write_names_the_directory_and_the_reason(com
     where = tmp_path / "given" if given else sites[0]
     where.mkdir(exist_ok=True)
     if command == "uninstall-hook":
-        (where / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+        (where / startup_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     refuse(monkeypatch, error)
     assert cli.main([command, *(["--site-dir", str(where)] if given else [])]) == 1
     said = capsys.readouterr()
@@ -153,7 +154,7 @@ def test_a_hook_command_that_cannot_write_names_the_directory_and_the_reason(com
 
 @pytest.mark.parametrize("removed", [1, 2])
 def test_uninstall_hook_names_every_file_it_changed(removed, tmp_path, capsys):
-    files = [tmp_path / site_files.HOOK_PTH, tmp_path / "sitecustomize.py"][:removed]
+    files = [tmp_path / startup_files.HOOK_PTH, tmp_path / "sitecustomize.py"][:removed]
     files[0].write_text(site_files.HOOK_PTH_TEXT)
     if removed == 2:
         files[1].write_text(site_files.BLOCK)
@@ -181,8 +182,8 @@ def test_install_and_uninstall_hook_for_real_in_a_directory_on_no_site_path(tmp_
 
 def test_uninstall_hook_on_a_block_whose_end_marker_is_gone_fails_naming_the_file(tmp_path, capsys):
     path = tmp_path / "sitecustomize.py"
-    path.write_text(site_files.BLOCK.replace(site_files.END, "# edited by hand"))
+    path.write_text(site_files.BLOCK.replace(startup_files.END, "# edited by hand"))
     assert cli.main(["uninstall-hook", "--site-dir", str(tmp_path)]) == 1
     said = capsys.readouterr()
-    assert said.err == (f"fp4-dynamo-shim uninstall-hook: {path}: found {site_files.BEGIN!r} without "
-                        f"{site_files.END!r}; fix the file by hand\n") and said.out == ""
+    assert said.err == (f"fp4-dynamo-shim uninstall-hook: {path}: found {startup_files.BEGIN!r} without "
+                        f"{startup_files.END!r}; fix the file by hand\n") and said.out == ""

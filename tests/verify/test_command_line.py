@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import venvs
-from _fp4_dynamo_shim.activation import site_files
+from _fp4_dynamo_shim import startup_files
 from helpers import run_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -91,7 +91,7 @@ def test_verify_reports_a_failed_apply_as_its_failed_check_and_exits_2(installed
 
 @pytest.mark.slow
 def test_install_hook_under_the_kill_switch_installs_checks_and_says_the_switch_is_set(installed):
-    pth = installed.site / site_files.HOOK_PTH
+    pth = installed.site / startup_files.HOOK_PTH
     try:
         result = console(installed, "install-hook", env={"FP4_DYNAMO_SHIM_DISABLE": "1"})
         assert result.returncode == 0, result.stderr
@@ -192,7 +192,7 @@ def test_a_site_directory_that_cannot_be_written_fails_clearly_and_changes_nothi
     from _fp4_dynamo_shim.activation import site_files
 
     if command == "uninstall-hook":
-        (tmp_path / site_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
+        (tmp_path / startup_files.HOOK_PTH).write_text(site_files.HOOK_PTH_TEXT)
     before = sorted(p.name for p in tmp_path.iterdir())
 
     def refused(*arguments, **keywords):

@@ -1,4 +1,5 @@
-"""The start-up routes to the import hook: where they are installed, and ``install-hook`` / ``uninstall-hook``.
+"""The start-up routes to the import hook: ``install-hook`` / ``uninstall-hook`` write and remove them (where
+they are, and which this interpreter has, is ``startup_files``).
 
 Three files can start the hook (``fp4_dynamo_shim_hook``) when an interpreter starts:
 
@@ -18,27 +19,22 @@ the hook does not run, it takes the file back out and says which file is in the 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
-import site
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
-PACKAGE_PTH = "fp4_dynamo_shim.pth"
-HOOK_PTH = "fp4_dynamo_shim_hook.pth"
+from ..startup_files import BEGIN, END, HOOK_PTH, default_site_dir, site_dirs
+
 #: One line (site.py runs a .pth line that starts with "import"). The package may be uninstalled before the
 #: hook is: then the hook module is missing and the line does nothing, silently; any other failure is
 #: reported by site.py as usual.
 HOOK_PTH_TEXT = ("import sys; exec(\"try:\\n    import fp4_dynamo_shim_hook\\nexcept ModuleNotFoundError as missing:\\n"
                  "    if missing.name != 'fp4_dynamo_shim_hook':\\n        raise\\n"
                  "else:\\n    fp4_dynamo_shim_hook.install('install-hook')\")\n")
-BEGIN = "# >>> fp4-dynamo-shim import hook >>>"
-END = "# <<< fp4-dynamo-shim import hook <<<"
 BLOCK = f"""{BEGIN}
 # Applies fp4_dynamo_shim whenever flashinfer is imported. Written by `fp4-dynamo-shim install-hook`;
 # remove with `fp4-dynamo-shim uninstall-hook` (before `pip uninstall fp4-dynamo-shim`; once the package is
@@ -58,69 +54,6 @@ ONE_LINER = "import fp4_dynamo_shim_hook; fp4_dynamo_shim_hook.install()"
 
 class HookNotRunning(RuntimeError):
     """The route was written but a new interpreter does not run it; the message names the file in the way."""
-
-
-def site_dirs() -> List[Path]:
-    """Directories whose ``.pth`` files this interpreter processes at start-up."""
-    candidates = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
-    if site.ENABLE_USER_SITE:
-        candidates.append(site.getusersitepackages())
-    seen = []
-    for candidate in candidates:
-        path = Path(candidate)
-        if path.is_dir() and path.resolve() not in [p.resolve() for p in seen]:
-            seen.append(path)
-    return seen
-
-
-def default_site_dir() -> Path:
-    """The site-packages directory of the running interpreter (the venv's, inside a venv)."""
-    directories = site_dirs()
-    return directories[0] if directories else Path(sysconfig.get_paths()["purelib"])
-
-
-def _find_in_site_dirs(name: str) -> Optional[str]:
-    for directory in site_dirs():
-        if (directory / name).is_file():
-            return str(directory / name)
-    return None
-
-
-def _sitecustomize_origin() -> Optional[str]:
-    """The file ``import sitecustomize`` loads in this interpreter (the first on sys.path)."""
-    loaded = sys.modules.get("sitecustomize")
-    origin = getattr(loaded, "__file__", None)
-    if origin is None:
-        try:
-            spec = importlib.util.find_spec("sitecustomize")
-        except (ImportError, ValueError):
-            spec = None
-        origin = spec.origin if spec is not None else None
-    return origin
-
-
-def _calls_hook(path) -> bool:
-    """Whether a sitecustomize file starts the hook: install-hook's block, or a line written by hand
-    (the documented one-liner, ``ONE_LINER``, or any other call of ``fp4_dynamo_shim_hook.install``)."""
-    try:
-        text = Path(path).read_text()
-    except OSError:
-        return False
-    return BEGIN in text or "fp4_dynamo_shim_hook.install(" in text
-
-
-def installed_routes() -> dict:
-    """Which start-up routes exist for this interpreter, by file (None where absent)."""
-    sitecustomize = _sitecustomize_origin()
-    runs_hook = bool(sitecustomize) and _calls_hook(sitecustomize)
-    blocks = [str(d / "sitecustomize.py") for d in site_dirs() if _calls_hook(d / "sitecustomize.py")]
-    return {
-        "pth": _find_in_site_dirs(PACKAGE_PTH),
-        "hook_pth": _find_in_site_dirs(HOOK_PTH),
-        "sitecustomize": sitecustomize if runs_hook else None,
-        # A hook this interpreter never runs, because another sitecustomize comes first on sys.path.
-        "sitecustomize_shadowed_by": sitecustomize if blocks and not runs_hook else None,
-    }
 
 
 def _without_block(text: str) -> str:

@@ -19,6 +19,7 @@ from typing import Callable, List, Optional
 import torch
 
 from .. import oplib
+from ..layers import UndoStack
 from . import scan
 from . import codegen
 from . import rules
@@ -60,7 +61,7 @@ class Layer:
     scanned: str
     strict: bool = False
     outcomes: List[Outcome] = dataclasses.field(default_factory=list)
-    undo: List[Callable] = dataclasses.field(default_factory=list)
+    undo: UndoStack = dataclasses.field(default_factory=UndoStack)
     helpers: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     #: (FlashInfer's function, the traceable, the outcomes it serves, what it is), before they go to Dynamo.
@@ -168,7 +169,7 @@ class Registrar:
 
     def __init__(self, layer: Layer):
         self.library = oplib.library(NAMESPACE)
-        layer.undo.append(self.library._destroy)
+        layer.undo.push(self.library._destroy)
         self.names: set = set()
         self.count = 0
 
@@ -219,7 +220,7 @@ def module_level(layer, registrar, declaration, module, outcome):
     namespace = {**_caller_namespace(), f"_op_{index}": op_object}
     oplib.run_source(codegen.caller_source(op, index, namespace), f"<{NAMESPACE} {declaration.key}>",
                      namespace)
-    layer.undo.append(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global
+    layer.undo.push(lambda: namespace.update({f"_op_{index}": None}))  # compiled frames re-check this global
     layer.pending.append((module.__dict__[declaration.function], namespace[f"_caller_{index}"], [outcome],
                           declaration.key))
     outcome.register(op.name)
@@ -281,6 +282,6 @@ def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     items = ", ".join(f"{key[1:] if key.startswith('=') else repr(key)}: {value}" for key, value in entries.items())
     source.append(f"    return _Namespace({{{items}}})\n")
     oplib.run_source("".join(source), f"<{NAMESPACE} {module.__name__}.{namespace_facts.getter}>", namespace)
-    layer.undo.append(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
+    layer.undo.push(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
                           f"{module.__name__}.{namespace_facts.getter}"))

@@ -37,11 +37,12 @@ from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
 from .. import switches
 from ..errors import ApplyError
+from ..layers import Context
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 DEFAULT = switches.VARIABLES[switches.FLASHINFER_OPS].default
 
-__all__ = ["NAMESPACE", "Layer", "Outcome", "apply", "revert", "describe"]
+__all__ = ["NAMESPACE", "Layer", "Outcome", "apply", "start", "revert", "describe"]
 #: (major, minor) per visible GPU, read at apply: what FlashInfer's get_compute_capability returns under
 #: tracing (Dynamo cannot trace the device query itself).
 CAPABILITIES: Dict[int, tuple] = {}
@@ -104,7 +105,7 @@ def _install_polyfills(layer: Layer) -> List[str]:
     failures = []
     for original, traceable, outcomes, what in layer.pending:
         try:
-            layer.undo.append(polyfill.install(original, traceable))
+            layer.undo.push(polyfill.install(original, traceable))
         except Exception as error:  # e.g. another library already substitutes this function
             failures.append(what)
             for outcome in outcomes:
@@ -115,7 +116,7 @@ def _install_polyfills(layer: Layer) -> List[str]:
 
 def _register(layer: Layer) -> None:
     """Read the declarations, register what the gate selects and install the polyfills; the work of
-    :func:`apply`, done once torch._dynamo is imported. One op's failure is recorded in its outcome (one
+    :func:`start`, done once torch._dynamo is imported. One op's failure is recorded in its outcome (one
     warning; STRICT raises :class:`ApplyError`); anything else raises after undoing the layer."""
     if layer.state != "waiting for torch._dynamo to be imported":
         return  # reverted before Dynamo came
@@ -183,7 +184,7 @@ def _on_dynamo_imported(layer: Layer) -> None:
             raise
 
 
-def apply(gate: str, flashinfer_version: str, strict: bool = False) -> Layer:
+def start(gate: str, flashinfer_version: str, strict: bool = False) -> Layer:
     """The layer ``gate`` selects for the installed release ``flashinfer_version`` (``revert`` takes it back).
     Its work waits for torch._dynamo to be imported, at once when it is: a program that never compiles pays
     nothing at start-up (reading the declarations costs 20-50 ms for the default gate; ``all`` imports every
@@ -244,8 +245,7 @@ def revert(layer: Optional[Layer]) -> None:
         return
     layer.pending.clear()
     layer.state = "reverted"
-    while layer.undo:
-        layer.undo.pop()()
+    layer.undo.undo_all()
 
 
 def _counts(outcomes) -> dict:
@@ -276,13 +276,18 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
 
 
 class DeclaredLayer:
-    """The layer as the lifecycle holds it: undo and describe, the shape every layer has."""
+    """The layer as the lifecycle holds it: undo and describe, the shape every layer has (``layers``)."""
 
-    def __init__(self, gate: str, flashinfer_version: str, strict: bool):
-        self.layer = apply(gate, flashinfer_version, strict)
+    def __init__(self, layer: Layer):
+        self.layer = layer
 
     def undo(self) -> None:
         revert(self.layer)
 
     def describe(self) -> dict:
         return {"flashinfer_ops": describe(self.layer), "skipped": []}
+
+
+def apply(context: Context) -> DeclaredLayer:
+    """The layer's step: the declarations ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` selects for the installed release."""
+    return DeclaredLayer(start(context.settings.flashinfer_ops, context.version, context.settings.strict))

@@ -1,7 +1,7 @@
 """The FP4 layer: ``fp4_quantize`` and its family behind the shim's ops, applied as one record.
 
 :func:`apply` returns a :class:`Fp4Layer` with ``undo`` and ``describe``, the shape every layer of the
-lifecycle has: it loads the kernels, configures the ops, rebinds ``fp4_quantize`` and the family wherever a
+lifecycle has (``layers``): it loads the kernels, configures the ops, rebinds ``fp4_quantize`` and the family wherever a
 module global is one of them, and repairs FlashInfer's own op where the release has one. A failure half-way
 undoes what was done and raises.
 """
@@ -9,10 +9,12 @@ undoes what was done and raises.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Callable, List, Optional
 
 from .. import rebind
 from ..errors import ApplyError
+from ..layers import Context, UndoStack
 from . import devices, family, flashinfer_op, kernels, quantize_op, fp4_releases, replacement
 from .fp4_parts import JIT_GETTER
 
@@ -24,8 +26,8 @@ class Fp4Layer:
     devices: List[kernels.LoadedDevice] = dataclasses.field(default_factory=list)
     #: FP4 family function -> what the shim did with it in this release.
     family: dict = dataclasses.field(default_factory=dict)
-    #: Undo steps that are not rebinding (FlashInfer's own op registrations), run in reverse by undo().
-    restorers: List[Callable] = dataclasses.field(default_factory=list)
+    #: The rebinding's undo, then FlashInfer's own op registrations put back: undo() runs them newest first.
+    undo_steps: UndoStack = dataclasses.field(default_factory=UndoStack)
     #: Parts left as FlashInfer's (an untested release whose sources differ there) -> why.
     left: dict = dataclasses.field(default_factory=dict)
 
@@ -37,9 +39,7 @@ class Fp4Layer:
         return None
 
     def undo(self) -> None:
-        for restore in reversed(self.restorers):
-            restore()
-        self.swaps.undo()
+        self.undo_steps.undo_all()
 
     def describe(self) -> dict:
         """The layer's part of ``status()``."""
@@ -70,7 +70,14 @@ class Fp4Layer:
         return skipped
 
 
-def apply(version: str, target: fp4_releases.Target, module, fallback: str, left: Optional[dict] = None) -> Fp4Layer:
+def apply(context: Context) -> Fp4Layer:
+    """The layer's step: the row's target, in the module FlashInfer defines ``fp4_quantize`` in."""
+    target = fp4_releases.target_for(context.row)
+    module = None if JIT_GETTER in context.left else importlib.import_module(target.module)
+    return patch(context.row, target, module, context.settings.fallback, context.left)
+
+
+def patch(version: str, target: fp4_releases.Target, module, fallback: str, left: Optional[dict] = None) -> Fp4Layer:
     """Put ``module.fp4_quantize`` and the release's FP4 family behind the shim's ops, except the parts in
     ``left`` (name -> why): without the JIT getter nothing is patched, as every kernel comes through it."""
     left = dict(left or {})
@@ -84,6 +91,7 @@ def apply(version: str, target: fp4_releases.Target, module, fallback: str, left
     replaced = None if "fp4_quantize" in left else replacement.build(original, module, recipe, target)
     family_replaced, family_report = family.build_replacements(version, module, replaced, recipe, left)
     layer = Fp4Layer(target, family=family_report, left=left)
+    layer.undo_steps.push(layer.swaps.undo)
     try:
         gpus = kernels.load(module.get_fp4_quantization_module, target, fallback, quantize_op.launch_reference)
         layer.devices = [gpu.device for gpu in gpus]
@@ -91,7 +99,7 @@ def apply(version: str, target: fp4_releases.Target, module, fallback: str, left
         layer.swaps.swap(*([(original, replaced)] if replaced is not None else []), *family_replaced.values())
         restore_op = flashinfer_op.repair(target, module, recipe) if replaced is not None else None
         if restore_op is not None:
-            layer.restorers.append(restore_op)
+            layer.undo_steps.push(restore_op)
             layer.family["torch.ops.flashinfer.fp4_quantize"] = flashinfer_op.describe(target)
     except BaseException:
         layer.undo()

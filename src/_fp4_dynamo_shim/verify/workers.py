@@ -10,6 +10,7 @@ import sys
 from typing import List, Optional
 
 from .. import lifecycle, switches
+from ..activation import export
 from ..sglang import sglang_releases
 from .checks import Skip
 
@@ -86,7 +87,7 @@ def check_worker_activation(device: str) -> str:
     version = sglang_releases.installed_version()
     release = sglang_releases.release_for(version)
     run_plugins = bool(state["routes"]["plugin"]) and release is not None and release.loads_plugins
-    plain = lifecycle.user_environment()
+    plain = export.user_environment()
     context = multiprocessing.get_context("spawn")
     started = [_start_probe(context, variables, run_plugins) for variables in (plain, {**plain, variable: "1"})]
     plain_report, variable_report = [_probe_report(*probe) for probe in started]
