@@ -73,3 +73,34 @@ def test_importing_every_module_of_the_implementation_applies_nothing():
     assert result.returncode == 0, result.stderr
     count, patched, applied, exported, front = __import__("json").loads(result.stdout.strip().splitlines()[-1])
     assert count > 30 and (patched, applied, exported, front) == (False, False, None, False)
+
+
+def _one_of_each_rows() -> list:
+    """(what, command, expectation) for each row of how-it-works' "One of each" table that has a check."""
+    import re
+
+    text = (SRC.parent / "docs" / "how-it-works.md").read_text()
+    table = text[text.index("### One of each"):].split("\n\n")[2]
+    rows = []
+    for line in table.splitlines()[2:]:
+        cells = [cell.strip() for cell in re.split(r"(?<!\\)\|", line)[1:-1]]
+        found = re.fullmatch(r"`(grep [^`]+)` (lists .+|finds nothing)", cells[2].replace("\\|", "|"))
+        if found:
+            rows.append((cells[0], found.group(1), found.group(2)))
+    return rows
+
+
+def test_each_one_of_each_check_in_how_it_works_holds():
+    """The doc names the one place of each thing with the grep that shows it: each grep, run from the repository
+    root, lists exactly the files the doc names (or nothing)."""
+    import re
+    import subprocess
+
+    rows = _one_of_each_rows()
+    assert len(rows) >= 10, rows
+    for what, command, expectation in rows:
+        output = subprocess.run(["bash", "-c", command], cwd=SRC.parent, capture_output=True, text=True).stdout
+        files = {Path(line.split(":", 1)[0]).name for line in output.splitlines() if "__pycache__" not in line}
+        named = set() if expectation == "finds nothing" else {
+            Path(name).name for name in re.findall(r"`([^`]+\.py|fp4_dynamo_shim\.pth)`", expectation)}
+        assert files == named, (what, command, output)

@@ -219,12 +219,12 @@ def test_verify_cpu_run_passes_and_its_json_parses(installed):
 def test_verify_exits_2_when_the_shim_cannot_apply(installed):
     code = textwrap.dedent("""
         import sys, fp4_dynamo_shim
-        from _fp4_dynamo_shim.fp4 import kernels as preload
+        from _fp4_dynamo_shim.fp4 import kernels
         from fp4_dynamo_shim import verify
         fp4_dynamo_shim.revert()
         def broken_build(*args):
             raise RuntimeError("nvcc exploded")
-        preload.load = broken_build
+        kernels.load = broken_build
         fp4_dynamo_shim.apply()
         sys.exit(verify.main(["--json"]))
     """)
@@ -239,12 +239,12 @@ def test_verify_exits_1_when_a_check_fails(installed):
     # Fault injection: break the op's fake so that compiled outputs no longer match eager strides.
     code = textwrap.dedent("""
         import sys
-        from _fp4_dynamo_shim.fp4 import quantize_op as ops
-        real = ops.quantize
+        from _fp4_dynamo_shim.fp4 import quantize_op
+        real = quantize_op.quantize
         def wrong_strides(*args, **kwargs):
             packed, sf = real(*args, **kwargs)
             return packed, sf.t().contiguous().t() if kwargs.get("launch") is None else sf
-        ops.quantize = wrong_strides
+        quantize_op.quantize = wrong_strides
         from fp4_dynamo_shim import verify  # the front applies on import: after the fault is in place
         sys.exit(verify.main(["--json", "--device", "cpu"]))
     """)

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu" / "engine"))
 import checkpoints  # noqa: E402
-from _fp4_dynamo_shim.fp4 import reference  # noqa: E402
+from _fp4_dynamo_shim.fp4 import arithmetic  # noqa: E402
 
 U8, F8, F32, BF16 = torch.uint8, torch.float8_e4m3fn, torch.float32, torch.bfloat16
 
@@ -132,7 +132,7 @@ def test_weights_dequantize_to_what_was_quantized(written):
     weight_scale_2 = tensors[f"{prefix}.{name}.weight_scale_2"]
     # ModelOpt's convention: W = e2m1 * weight_scale * weight_scale_2; even element in the low nibble.
     codes = torch.stack((packed & 0xF, packed >> 4), dim=-1).view(packed.shape[0], -1)
-    values = reference.e2m1_to_float(codes).view(packed.shape[0], -1, 16) * scale.float().unsqueeze(-1)
+    values = arithmetic.e2m1_values(codes).view(packed.shape[0], -1, 16) * scale.float().unsqueeze(-1)
     restored = values.view(packed.shape[0], -1) * weight_scale_2
     blocks = original.float().view(original.shape[0], -1, 16)
     error = (restored.view_as(blocks) - blocks).abs()

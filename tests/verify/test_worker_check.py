@@ -19,8 +19,8 @@ import venvs
 SGLANG = "0.5.9"
 VERIFY = ["-m", "fp4_dynamo_shim.verify", "--json", "--device", "cpu"]
 #: The check alone, in a process that imported the shim (whose import exports FP4_DYNAMO_SHIM=1).
-CHECK = ("import json, fp4_dynamo_shim\nfrom _fp4_dynamo_shim.verify import workers, report as verify\n"
-         "print(json.dumps(verify.run_check('worker-activation', workers.check_worker_activation, 'cpu').__dict__))")
+CHECK = ("import json, fp4_dynamo_shim\nfrom _fp4_dynamo_shim.verify import workers, report\n"
+         "print(json.dumps(report.run_check('worker-activation', workers.check_worker_activation, 'cpu').__dict__))")
 
 
 #: Every test here builds a virtual environment.

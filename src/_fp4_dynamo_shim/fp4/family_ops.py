@@ -25,7 +25,7 @@ from .. import oplib
 from . import layout
 from . import reference
 from _fp4_dynamo_shim.errors import InvalidArgumentError, NoFp4KernelError, ShimError
-from .devices import STATE as _STATE
+from .devices import STATE
 from .quantize_op import NAMESPACE, check_devices, current_recipe
 
 
@@ -262,7 +262,7 @@ def _mm_fp4_reference(a, b, a_descale, b_descale, alpha, out_dtype, block_size, 
 
 def _mm_fp4_flashinfer(namespace, a, b, a_descale, b_descale, alpha, out_dtype, block_size, use_8x4_sf_layout,
                        backend, use_nvfp4, enable_pdl):
-    original = _STATE.mm_fp4
+    original = STATE.mm_fp4
     if original is None:
         raise ShimError("fp4_dynamo_shim: mm_fp4 is not available (the shim is not applied)")
     keywords = dict(alpha=alpha, out_dtype=out_dtype, block_size=block_size, use_8x4_sf_layout=use_8x4_sf_layout,
@@ -298,7 +298,7 @@ OPS = (
 
 
 def _first_loaded_namespace():
-    for namespace, _ in _STATE.family_modules.values():
+    for namespace, _ in STATE.family_modules.values():
         if namespace is not None:
             return namespace
     return None
@@ -340,7 +340,7 @@ def _make_kernel(op: FamilyOp) -> Callable:
         device = arguments[0].device
         if device.type == "cpu":
             return op.reference(*arguments)
-        namespace, mode = _STATE.family_modules.get(device.index, (None, None))
+        namespace, mode = STATE.family_modules.get(device.index, (None, None))
         if op.without_fp4 != "runs" and mode == "reference":
             return op.reference(*arguments)
         if op.without_fp4 == "refuse" and mode == "error":

@@ -18,7 +18,7 @@ import torch
 from . import arithmetic
 from . import layout
 from . import reference
-from .devices import STATE as _STATE
+from .devices import STATE
 from .. import oplib
 from ..errors import InvalidArgumentError, ShimError
 from .fp4_releases import Target
@@ -40,9 +40,9 @@ _FLOAT32, _UINT8 = torch.float32, torch.uint8
 _QUANTIZE_TENSORS = ("input", "global_scale")
 
 def active_target() -> Target:
-    if _STATE.target is None:
+    if STATE.target is None:
         raise ShimError("fp4_dynamo_shim is not applied: call fp4_dynamo_shim.apply() first")
-    return _STATE.target
+    return STATE.target
 
 
 def not_a_tensor(name: str, value) -> InvalidArgumentError:
@@ -145,7 +145,7 @@ def quantize(
 
     This is also the eager hot path, hence the terse screens before the detailed checks.
     """
-    target = _STATE.target
+    target = STATE.target
     if target is None:
         active_target()
     if sf_vec_size != 16 and sf_vec_size != 32:
@@ -232,7 +232,7 @@ def launch_reference(
 def launch_for(input: torch.Tensor) -> Optional[Callable]:
     """The launch function for the input's device (the eager path inlines the common case); None for a meta
     input, which gets meta outputs of the right shapes, as from the op itself (and any PyTorch op)."""
-    launch = _STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+    launch = STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
     if launch is None and input.is_meta:
         return None
     if launch is None:

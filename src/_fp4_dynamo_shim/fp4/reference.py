@@ -13,7 +13,7 @@ import torch
 from .arithmetic import E8M0_BIAS, E8M0_NAN, Recipe, quantize
 # The quantizer's packing pieces, which callers of the reference use through this module.
 from .arithmetic import e2m1_codes, pack_nibbles  # noqa: F401
-from .arithmetic import e2m1_values as e2m1_to_float
+from .arithmetic import e2m1_values
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,7 @@ def dequantize(
     sf_use_ue8m0: bool,
 ) -> torch.Tensor:
     """float32 values back from packed codes and a row-major ``[M, K/sf_vec_size]`` scale grid."""
-    values = e2m1_to_float(unpack_nibbles(packed))
+    values = e2m1_values(unpack_nibbles(packed))
     rows, columns = values.shape
     if sf_use_ue8m0:
         scale = torch.ldexp(torch.ones(sf_bytes.shape, device=packed.device), sf_bytes.to(torch.float32) - E8M0_BIAS)
@@ -73,13 +73,13 @@ def e2m1_and_ufp8sf_scale_to_float(packed, sf_bytes, global_scale, sf_vec_size, 
     grid = (layout.unswizzle(flat, rows, sf_columns, is_sf_8x4_layout) if is_sf_swizzled_layout
             else flat[: rows * sf_columns].view(rows, sf_columns))
     scale = decode_scale_bytes(grid, ufp8_type, global_scale)
-    values = e2m1_to_float(unpack_nibbles(packed)).view(rows, sf_columns, sf_vec_size)
+    values = e2m1_values(unpack_nibbles(packed)).view(rows, sf_columns, sf_vec_size)
     return (values * scale.unsqueeze(-1)).view(rows, columns)
 
 
 def mxfp4_dequantize_host(weight: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """``mxfp4_dequantize_host``: linear e8m0 scales, ``2^(e-127)`` (e=0 gives 2^-127, e=255 NaN)."""
-    values = e2m1_to_float(unpack_nibbles(weight))
+    values = e2m1_values(unpack_nibbles(weight))
     exponent = scale.to(torch.float32) - E8M0_BIAS
     factor = torch.where(scale == E8M0_NAN, torch.full_like(exponent, float("nan")),
                          torch.ldexp(torch.ones_like(exponent), exponent))

@@ -26,7 +26,7 @@ import torch
 from . import arithmetic
 from . import quantize_op
 from .. import oplib
-from .devices import STATE as _STATE
+from .devices import STATE
 from ..errors import NotExpressibleError
 from .kernels import kernel_call
 from .fp4_releases import Target
@@ -118,7 +118,7 @@ def make_core(original: Callable, parameter_names, recipe: Optional[Recipe]) -> 
                 input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
                 is_global_scale_inversed, enable_pdl, code,
             )
-        launch = _STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
+        launch = STATE.launchers.get(input.get_device()) if (input.is_cuda or input.is_cpu) else None
         return quantize(
             input, global_scale, sf_vec_size, sf_use_ue8m0, is_sf_swizzled_layout, is_sf_8x4_layout,
             is_global_scale_inversed, enable_pdl, code, launch or launch_for(input),
@@ -147,7 +147,7 @@ def build(original: Callable, module, recipe: Optional[Recipe] = None, target: O
     core = make_core(original, signature.parameters, recipe)
 
     namespace = {"_core": core, "_is_compiling": torch.compiler.is_compiling, "_quantize": quantize_op.quantize,
-                 "_ops": quantize_op, "_state": _STATE, "_launch_for": quantize_op.launch_for, "_OP_BACKENDS": OP_BACKENDS,
+                 "_ops": quantize_op, "_state": STATE, "_launch_for": quantize_op.launch_for, "_OP_BACKENDS": OP_BACKENDS,
                  "_INPUT_DTYPES": quantize_op.INPUT_DTYPES, "_FLOAT32": torch.float32, "_UINT8": torch.uint8}
     declared = oplib.declare(signature, namespace)
     forwarded = []

@@ -17,7 +17,7 @@ import traceback
 from typing import Callable, List, Optional
 
 from .. import __version__
-from ..errors import EXIT_FAILED as EXIT_CHECK_FAILED, EXIT_NOT_APPLIED, EXIT_OK
+from ..errors import EXIT_FAILED, EXIT_NOT_APPLIED, EXIT_OK
 
 #: What ``status()["activated_by"]`` says when verify applied the shim itself.
 ROUTE = "verify"
@@ -259,7 +259,7 @@ def run(options, usage_error: Callable[[str], None]) -> int:
             results.append(left_as_flashinfers(name, status) or run_check(name, check, device))
         if options.baseline:
             results.append(run_check("baseline", check_baseline, device))
-        exit_code = EXIT_CHECK_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
+        exit_code = EXIT_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
         status = lifecycle.status()
 
     if options.json:
