@@ -325,60 +325,15 @@ def render_family(legs: dict) -> list:
     return lines + [""]
 
 
-#: Model family x SGLang release with the torch.compile prefill graph and the shim: (family, {column: cell}).
-#: "**measured**" cells come from tests/gpu/test_gpu_engine.py on the H200 (each release's FlashInfer NVFP4
-#: path forced, see engine/sm120_path/sitecustomize.py); "CPU" cells from the named CPU test; "read" cells from
-#: reading SGLang's code, not run; "to be measured" cells are written in the GPU test and have not run yet.
-SGLANG_COLUMNS = ["0.5.9", "0.5.10", "0.5.11", "0.5.12-0.5.13", "0.5.14", "0.5.15-0.5.18", "0.5.19-0.5.21",
-                  "0.5.22-0.5.23"]
-_WRAPPED = "read: not needed (SGLang's own ops); harmless: CPU, `tests/sglang/test_sglang_wrapper.py`"
-_BREAKABLE = "read: not needed by default (breakable prefill graphs, no torch.compile); with tc_piecewise as 0.5.14"
-_NO_COMPILE = "read: not needed (no torch.compile prefill graph)"
-MODEL_FAMILIES = [
-    ("Llama (`LlamaForCausalLM`)", {
-        "0.5.9": "read: works (PCG opt-in); `fp4_quantize` is the only untraceable call",
-        "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: serves with PCG; greedy ids equal PCG off; without the shim PCG capture fails",
-        "0.5.12-0.5.13": _WRAPPED, "0.5.14": _WRAPPED, "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE,
-        "0.5.22-0.5.23": _NO_COMPILE}),
-    ("Qwen3 (`Qwen3ForCausalLM`)", {
-        "0.5.9": "read: works (PCG opt-in)", "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: as Llama", "0.5.12-0.5.13": _WRAPPED,
-        "0.5.14": "**measured**: shim off serves with tc_piecewise; with the shim every route captures and serves, "
-                  "the same greedy ids as prefill graphs off and as shim off; not needed",
-        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
-    ("Qwen3-MoE (`Qwen3MoeForCausalLM`)", {
-        "0.5.9": "read: works (PCG opt-in); the FP4 MoE runs inside an SGLang custom op",
-        "0.5.10": "read: works (PCG on by default)",
-        "0.5.11": "**measured**: as Llama (SGLang's SM12x FP4 MoE kernel replaced by a reference in the test)",
-        "0.5.12-0.5.13": _WRAPPED, "0.5.14": "**measured**: as Qwen3",
-        "0.5.15-0.5.18": _BREAKABLE, "0.5.19-0.5.21": _BREAKABLE, "0.5.22-0.5.23": _NO_COMPILE}),
-    ("DeepSeek-V3 (`DeepseekV3ForCausalLM`: MLA, grouped top-k, fused shared expert)", {
-        "0.5.9": "not established", "0.5.10": "not established",
-        "0.5.11": "**measured**: shim off fails in capture; every route captures and serves with equal greedy ids; "
-                  "PCG on parts from off (up to 0.66 in a logprob): SGLang's own graphs differ from its eager forward "
-                  "on the bf16 model with the shim off (up to 0.21), which FP4's rounding of activations amplifies"}),
-    ("GLM-4.5 MoE (`Glm4MoeForCausalLM`)", {
-        "0.5.9": "not established", "0.5.10": "not established",
-        "0.5.11": "**measured**: as Llama"}),
-    ("Qwen3.5 NVFP4 (dense MLP)", {
-        "0.5.19-0.5.21": "CPU, `tests/sglang/test_sglang_qwen3_5.py` (SGLang's own MLP code, fake CUDA tensors): needed with "
-                         "tc_piecewise: the fused path calls `silu_and_mul_scaled_nvfp4_experts_quantize` raw; fails "
-                         "under fullgraph without the shim, traces with it",
-        "0.5.22-0.5.23": "read: the raw call remains; no torch.compile prefill graph to trace it"}),
-    ("FP8 per-tensor checkpoints (RMSNorm + FP8 quant)", {
-        "0.5.15-0.5.18": "read: 0.5.18 calls `flashinfer.norm.rmsnorm_quant` raw; with tc_piecewise covered by the "
-                         "declared-ops layer's default gate (an op on every release; GPU-proven on 0.6.3 and 0.6.12, "
-                         "not on the 0.6.17-0.6.18 these releases pin)",
-        "0.5.19-0.5.21": "read: as 0.5.18: covered by the default gate", "0.5.22-0.5.23": _NO_COMPILE}),
-    ("GLM-5 / DeepSeek-V3.2 (NSA)", {
-        "0.5.9": "read: fails after the shim, in SGLang's NSA indexer (`Tensor.item()` on `seq_lens_cpu`, a raw "
-                 "`flashinfer.norm.layernorm`, the JIT hadamard, deep_gemm, a split op without `topk_indices`)",
-        "0.5.10": "read: SGLang switches PCG off for these architectures", "0.5.11": "read: as 0.5.10"}),
-]
+#: Model family x SGLang release, with the torch.compile prefill graph and the shim: data, with what each cell says.
+MODEL_FAMILIES = ROOT / "tools" / "matrix" / "model_families.toml"
 
 
 def render_model_families() -> list:
+    import tomllib
+
+    table = tomllib.loads(MODEL_FAMILIES.read_text())
+    columns, shared = table["columns"], table["shared"]
     lines = ["## Model families x SGLang, with its torch.compile prefill graph and the shim", "",
              "Cells marked **measured** were run on the H200 with SGLang's own engine "
              "(`tests/gpu/test_gpu_engine.py`, tiny ModelOpt NVFP4 checkpoints, the release's FlashInfer NVFP4 path "
@@ -387,10 +342,11 @@ def render_model_families() -> list:
              "not in that release or not looked at. Users of the NSA models: keep piecewise CUDA graphs off "
              "(`--disable-piecewise-cuda-graph` on 0.5.9, where it is opt-in anyway; 0.5.10/0.5.11 turn them off by "
              "themselves); the shim is harmless there but does not make those forwards traceable.", "",
-             "| model family | " + " | ".join(f"SGLang {r}" for r in SGLANG_COLUMNS) + " |",
-             "|---|" + "---|" * len(SGLANG_COLUMNS)]
-    for family, cells in MODEL_FAMILIES:
-        lines.append(f"| {family} | " + " | ".join(cells.get(r, "-") for r in SGLANG_COLUMNS) + " |")
+             "| model family | " + " | ".join(f"SGLang {r}" for r in columns) + " |",
+             "|---|" + "---|" * len(columns)]
+    for family in table["family"]:
+        cells = [family["cells"].get(column, "-") for column in columns]
+        lines.append(f"| {family['name']} | " + " | ".join(shared.get(cell, cell) for cell in cells) + " |")
     return lines + [""]
 
 
