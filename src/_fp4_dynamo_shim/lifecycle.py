@@ -224,13 +224,6 @@ STATUS_KEYS = (
 )
 
 
-def _release_unapplied() -> dict:
-    """status()'s "flashinfer" where the shim is not applied: its parts are compared only when it applies."""
-    version = flashinfer_version()
-    tested = None if version is None else fp4_releases.target_for(version) is not None
-    return {"version": version, "tested": tested, "matched_row": version if tested else None, "parts": None}
-
-
 def status() -> dict:
     """What is patched and where, versions, GPUs, routes, and why anything was skipped. JSON-serialisable,
     with the keys of ``STATUS_KEYS`` always present (None where not applicable)."""
@@ -242,7 +235,7 @@ def status() -> dict:
             "problem": _last_problem,
             "disabled": settings.disabled,
             "activated_by": applied.route if applied is not None else None,
-            "flashinfer": applied.release.describe() if applied is not None else _release_unapplied(),
+            "flashinfer": applied.release.describe() if applied is not None else release_parts.unjudged(flashinfer_version()),
             "supported_flashinfer": versions.SUPPORTED_RANGE,
             "torch": torch.__version__,
             "torch_cuda": torch.version.cuda,

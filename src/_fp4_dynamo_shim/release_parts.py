@@ -81,9 +81,11 @@ def all_parts(target: fp4_releases.Target) -> List[sources.Part]:
     return [cuda_version.PART, *fp4_parts.parts(target, members)]
 
 
-def facts(package: Path, target: fp4_releases.Target) -> dict:
-    """The record of a package's sources (what ``tools/release_parts.py --record`` writes)."""
-    found, parts = sources.Sources(package), all_parts(target)
+def facts(package, target: fp4_releases.Target) -> dict:
+    """The record of a package's sources (what ``tools/release_parts.py --record`` writes); ``package`` is its
+    folder or its parsed ``sources.Sources``."""
+    found = package if isinstance(package, sources.Sources) else sources.Sources(package)
+    parts = all_parts(target)
     others = frozenset(part.function for part in parts if part.function)
     return {part.name: sources.facts(found, part, others) for part in parts}
 
@@ -92,7 +94,8 @@ def compare(package: Path, target: fp4_releases.Target, record: dict = None) -> 
     """(part name -> how ``package``'s sources differ from ``record``, the newest tested release's by default;
     the package's facts)."""
     record = record or tested_sources.RECORD
-    found, parts = facts(package, target), all_parts(target)
+    parsed = sources.Sources(package)  # each file parsed once, for the facts and the kernel call
+    found, parts = facts(parsed, target), all_parts(target)
     differences = {}
     for part in parts:
         recorded = record["parts"].get(part.name)
@@ -100,7 +103,7 @@ def compare(package: Path, target: fp4_releases.Target, record: dict = None) -> 
             differences[part.name] = [f"{record['flashinfer']} has no record of it"]
             continue
         differences[part.name] = sources.differences(part, recorded, found[part.name], record["flashinfer"])
-    kernel = fp4_parts.kernel_arguments_difference(sources.Sources(package), target)
+    kernel = fp4_parts.kernel_arguments_difference(parsed, target)
     if kernel:  # said instead of the digest, which differs with it
         differences[fp4_parts.JIT_GETTER] = [word for word in differences[fp4_parts.JIT_GETTER]
                                              if not word.startswith("its source differs")] + [kernel]
@@ -112,11 +115,12 @@ def follows(differences: Dict[str, List[str]], found: dict) -> Dict[str, str]:
     through the JIT getter, the shim runs some family members through its ``fp4_quantize``, and FlashInfer's
     own functions call others (``reaches`` in their facts)."""
     differing = [name for name, words in differences.items() if words]
+    through_fp4_quantize = {member.name for member in family.MEMBERS if member.through_fp4_quantize}
     through = {}
     for name in differences:
         causes = [cause for cause in differing if cause != name and (
             (cause == fp4_parts.JIT_GETTER and name != cuda_version.PART.name)
-            or (cause == "fp4_quantize" and name in family.THROUGH_FP4_QUANTIZE)
+            or (cause == "fp4_quantize" and name in through_fp4_quantize)
             or cause in ((found.get(name) or {}).get("function") or {}).get("reaches", []))]
         if causes and not differences[name]:
             through[name] = causes[0]
@@ -130,9 +134,20 @@ def package_path() -> Optional[Path]:
     return Path(locations[0]) if locations else None
 
 
+def is_tested(version: str) -> bool:
+    """Whether the release has rows of its own, rather than being judged part by part."""
+    return fp4_releases.target_for(version) is not None
+
+
+def unjudged(version: Optional[str]) -> dict:
+    """``status()["flashinfer"]`` where the shim is not applied: the parts are compared only when it applies."""
+    tested = None if version is None else is_tested(version)
+    return {"version": version, "tested": tested, "matched_row": version if tested else None, "parts": None}
+
+
 def judge(version: str) -> Optional[Judgement]:
     """The judgement for an installed release; None below the first tested release (nothing is known of it)."""
-    if fp4_releases.target_for(version) is not None:
+    if is_tested(version):
         return Judgement(version, True, version)
     if versions.below_first(version):
         return None

@@ -161,10 +161,10 @@ def test_sglangs_compile_path_check_says_why_it_does_not_run_here(monkeypatch, d
 
 
 def test_every_check_is_listed_once_in_verifys_order():
-    names = [name for name, _ in report.ordered_checks()]
+    names = [name for name, _, _ in report.ordered_checks()]
     assert names == ["trace-static", "trace-dynamic", "opcheck", "compiled-vs-eager", "cuda-graph", "flashinfer-op",
                      "sglang-release", "sglang-compile", "family", "flashinfer-ops", "worker-activation"]
-    assert all(callable(check) and check.__name__.startswith("check_") for _, check in report.ordered_checks())
+    assert all(callable(check) and check.__name__.startswith("check_") for _, check, _ in report.ordered_checks())
 
 
 # --- each check fails on the fault it exists to see --------------------------------------------------------

@@ -86,9 +86,9 @@ def _rebound_lines(rebound, verbose) -> list:
 
 
 def main_runs(monkeypatch, *checks):
-    """main's list of (name, check), stood in where a test needs a check that fails, raises or records its device
-    (the real checks are test_verify_checks_on_cpu.py's)."""
-    monkeypatch.setattr(report, "ordered_checks", lambda: list(checks))
+    """main's list of (name, check, the part it needs), stood in where a test needs a check that fails, raises or
+    records its device (the real checks are test_verify_checks_on_cpu.py's)."""
+    monkeypatch.setattr(report, "ordered_checks", lambda: [(name, check, None) for name, check in checks])
 
 
 def raising(error):

@@ -183,14 +183,20 @@ class Member:
     implement: Callable
     #: Defining module: "fp4" (where fp4_quantize lives in this release) or a dotted path.
     module: str = "fp4"
+    #: Whether the shim's version runs through its ``fp4_quantize`` (left with it where that part differs).
+    through_fp4_quantize: bool = False
 
 
 ALL = SUPPORTED_FLASHINFER
 MEMBERS = (
-    Member("nvfp4_quantize", SpecifierSet(">=0.5.3,<0.6.7"), _nvfp4_quantize(linear_layout_honoured=False)),
-    Member("nvfp4_quantize", SpecifierSet(">=0.6.7,<0.7.5"), _nvfp4_quantize(linear_layout_honoured=True)),
-    Member("mxfp4_quantize", SpecifierSet(">=0.5.3,<0.6.16"), _mxfp4_quantize(with_dead_global_scale=True)),
-    Member("mxfp4_quantize", SpecifierSet(">=0.6.16,<0.7.5"), _mxfp4_quantize(with_dead_global_scale=False)),
+    Member("nvfp4_quantize", SpecifierSet(">=0.5.3,<0.6.7"), _nvfp4_quantize(linear_layout_honoured=False),
+           through_fp4_quantize=True),
+    Member("nvfp4_quantize", SpecifierSet(">=0.6.7,<0.7.5"), _nvfp4_quantize(linear_layout_honoured=True),
+           through_fp4_quantize=True),
+    Member("mxfp4_quantize", SpecifierSet(">=0.5.3,<0.6.16"), _mxfp4_quantize(with_dead_global_scale=True),
+           through_fp4_quantize=True),
+    Member("mxfp4_quantize", SpecifierSet(">=0.6.16,<0.7.5"), _mxfp4_quantize(with_dead_global_scale=False),
+           through_fp4_quantize=True),
     Member("block_scale_interleave", SpecifierSet(">=0.5.3,<0.6.0"), _block_scale_interleave((torch.uint8,))),
     Member("block_scale_interleave", SpecifierSet(">=0.6.0,<0.7.5"),
            _block_scale_interleave((torch.uint8, torch.bfloat16))),
@@ -206,10 +212,6 @@ MEMBERS = (
            module="flashinfer.activation"),
     Member("mm_fp4", ALL, _mm_fp4, module="flashinfer.gemm"),
 )
-
-
-#: Members whose ``implement`` calls the shim's ``fp4_quantize`` (they stay FlashInfer's where it does).
-THROUGH_FP4_QUANTIZE = ("nvfp4_quantize", "mxfp4_quantize")
 
 
 def members_for(version: str):

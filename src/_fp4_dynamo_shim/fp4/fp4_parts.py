@@ -11,12 +11,12 @@ from typing import List, Optional
 
 from ..sources import Part, Sources, call_arguments
 from .family import Member
-from .fp4_releases import Target
+from .fp4_releases import JIT_ENTRY, QUANTIZE_CLOSURE, Target
 
 JIT_GETTER = "get_fp4_quantization_module"
 #: The getter's namespace entries the shim calls (kernels.jit_module_of, family_ops).
 GETTER_ENTRIES = (
-    "fp4_quantize_sm100", "block_scale_interleave_sm100", "e2m1_and_ufp8sf_scale_to_float_sm100",
+    QUANTIZE_CLOSURE, "block_scale_interleave_sm100", "e2m1_and_ufp8sf_scale_to_float_sm100",
     "fp4_batched_quantize_sm100", "mxfp4_dequantize_host", "scaled_fp4_grouped_quant_sm100",
     "silu_and_mul_scaled_nvfp4_experts_quantize_sm100",
 )
@@ -39,15 +39,15 @@ def parts(target: Target, members: List[Member]) -> List[Part]:
 
 
 def kernel_arguments_difference(sources: Sources, target: Target) -> Optional[str]:
-    """Whether the getter still calls the JIT entry ``fp4_quantize`` with the row's scalar arguments, in order."""
+    """Whether the getter's closure still calls the JIT entry with the row's scalar arguments, in order."""
     located = sources.definition(target.module, JIT_GETTER)
     if located is None:
         return None  # said as the getter's absence
 
-    arguments = call_arguments(located[1], "fp4_quantize_sm100", "fp4_quantize")
+    arguments = call_arguments(located[1], QUANTIZE_CLOSURE, JIT_ENTRY)
     if arguments is None:
-        return "fp4_quantize_sm100 no longer calls the JIT entry fp4_quantize"
+        return f"{QUANTIZE_CLOSURE} no longer calls the JIT entry {JIT_ENTRY}"
     if tuple(arguments[4:]) != target.kernel_args:
-        return (f"the JIT entry fp4_quantize is called with ({', '.join(arguments[4:])}) after the four tensors, "
+        return (f"the JIT entry {JIT_ENTRY} is called with ({', '.join(arguments[4:])}) after the four tensors, "
                 f"the row has ({', '.join(target.kernel_args)})")
     return None

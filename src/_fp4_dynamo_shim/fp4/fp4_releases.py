@@ -17,6 +17,9 @@ from ..versions import row_for
 from .arithmetic import Arithmetic
 
 #: Kernel-entry arguments after ``(input, global_scale, out_val, out_sf)``, by generation.
+#: The JIT getter's closure around the JIT entry, and the entry's name in the JIT module: every FP4 kernel is
+#: called through the module this closure captures (kernels.jit_module_of), with the row's ``kernel_args``.
+QUANTIZE_CLOSURE, JIT_ENTRY = "fp4_quantize_sm100", "fp4_quantize"
 _KERNEL_ARGS_BASE = ("sf_vec_size", "sf_use_ue8m0", "is_sf_swizzled_layout", "is_sf_8x4_layout", "enable_pdl")
 _KERNEL_ARGS_INVERSED = (
     "sf_vec_size", "sf_use_ue8m0", "is_sf_swizzled_layout", "is_sf_8x4_layout",

@@ -20,7 +20,7 @@ import torch
 from .. import oplib, switches
 from ..errors import NoFp4KernelError
 from .quantize_op import LAUNCH_SCALARS
-from .fp4_releases import Target
+from .fp4_releases import QUANTIZE_CLOSURE, Target
 
 logger = logging.getLogger(__name__.lstrip("_"))  # users configure the "fp4_dynamo_shim" logger tree
 
@@ -67,7 +67,7 @@ def visible_device_count() -> int:
 
 def jit_module_of(namespace) -> object:
     """The raw JIT module captured by ``get_fp4_quantization_module``'s closures."""
-    function = namespace.fp4_quantize_sm100
+    function = getattr(namespace, QUANTIZE_CLOSURE)
     cells = dict(zip(function.__code__.co_freevars, function.__closure__ or ()))
     return cells["module"].cell_contents
 

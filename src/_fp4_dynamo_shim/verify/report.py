@@ -32,41 +32,32 @@ class Result:
 
 
 def ordered_checks() -> List[tuple]:
-    """(name, check) in the order verify runs them."""
+    """(name, check, the part of FlashInfer it exercises through the shim or None) in the order verify runs them.
+    A check of a part left as FlashInfer's, on a release newer than the tested ones, is skipped and says why."""
     from . import checks, sglang, workers
 
     return [
-        ("trace-static", checks.check_trace_static),
-        ("trace-dynamic", checks.check_trace_dynamic),
-        ("opcheck", checks.check_opcheck),
-        ("compiled-vs-eager", checks.check_compiled_matches_eager),
-        ("cuda-graph", checks.check_cuda_graph),
-        ("flashinfer-op", checks.check_flashinfer_op),
-        ("sglang-release", sglang.check_sglang_release),
-        ("sglang-compile", sglang.check_sglang_compile_path),
-        ("family", checks.check_family),
-        ("flashinfer-ops", checks.check_flashinfer_ops),
-        ("worker-activation", workers.check_worker_activation),
+        ("trace-static", checks.check_trace_static, "fp4_quantize"),
+        ("trace-dynamic", checks.check_trace_dynamic, "fp4_quantize"),
+        ("opcheck", checks.check_opcheck, "get_fp4_quantization_module"),
+        ("compiled-vs-eager", checks.check_compiled_matches_eager, "fp4_quantize"),
+        ("cuda-graph", checks.check_cuda_graph, "fp4_quantize"),
+        ("flashinfer-op", checks.check_flashinfer_op, "fp4_quantize"),
+        ("sglang-release", sglang.check_sglang_release, None),
+        ("sglang-compile", sglang.check_sglang_compile_path, "fp4_quantize"),
+        ("family", checks.check_family, "get_fp4_quantization_module"),
+        ("flashinfer-ops", checks.check_flashinfer_ops, None),
+        ("worker-activation", workers.check_worker_activation, None),
     ]
 
 
-#: The part of FlashInfer each check exercises through the shim (a check of a part left as FlashInfer's, on a
-#: release newer than the tested ones, is skipped and says why).
-CHECK_NEEDS = {
-    "trace-static": "fp4_quantize", "trace-dynamic": "fp4_quantize", "opcheck": "get_fp4_quantization_module",
-    "compiled-vs-eager": "fp4_quantize", "cuda-graph": "fp4_quantize", "flashinfer-op": "fp4_quantize",
-    "sglang-compile": "fp4_quantize", "family": "get_fp4_quantization_module",
-}
-
-
-def left_as_flashinfers(name: str, status: dict) -> Optional[Result]:
-    """The skipped result of check ``name`` when the part it needs is left as FlashInfer's, else None."""
-    parts = status["flashinfer"]["parts"] or {}
-    part = parts.get(CHECK_NEEDS.get(name), {"applied": True})
+def left_as_flashinfers(name: str, needs: Optional[str], status: dict) -> Optional[Result]:
+    """The skipped result of check ``name`` when the part it ``needs`` is left as FlashInfer's, else None."""
+    part = (status["flashinfer"]["parts"] or {}).get(needs, {"applied": True})
     if part["applied"]:
         return None
     why = part["difference"] or part["left_because"]
-    return Result(name, "skip", f"{CHECK_NEEDS[name]} is left as FlashInfer's on this release ({why})", 0.0)
+    return Result(name, "skip", f"{needs} is left as FlashInfer's on this release ({why})", 0.0)
 
 
 def run_check(name: str, check: Callable, device: str) -> Result:
@@ -253,10 +244,10 @@ def run(options, usage_error: Callable[[str], None]) -> int:
         exit_code = EXIT_NOT_APPLIED
     else:
         results.clear()  # applied: the header says so; the checks follow
-        for name, check in ordered_checks():
+        for name, check, needs in ordered_checks():
             if not options.json:
                 print(f"  running {name} ...", file=sys.stderr, flush=True)
-            results.append(left_as_flashinfers(name, status) or run_check(name, check, device))
+            results.append(left_as_flashinfers(name, needs, status) or run_check(name, check, device))
         if options.baseline:
             results.append(run_check("baseline", check_baseline, device))
         exit_code = EXIT_FAILED if any(r.result == "fail" for r in results) else EXIT_OK
