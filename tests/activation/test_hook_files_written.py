@@ -15,6 +15,7 @@ import re
 import shutil
 import site
 import stat
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -361,9 +362,9 @@ def test_a_check_that_cannot_finish_takes_the_hook_back_out_and_says_so(existing
         path.write_text(existing)
 
     def never_answers(command, **keywords):
-        raise site_files.subprocess.TimeoutExpired(command, keywords["timeout"])
+        raise subprocess.TimeoutExpired(command, keywords["timeout"])
 
-    monkeypatch.setattr(site_files.subprocess, "run", never_answers)
+    monkeypatch.setattr(subprocess, "run", never_answers)
     with pytest.raises(site_files.HookNotRunning) as raised:
         site_files.install_hook(tmp_path)
     assert str(raised.value).startswith(f"wrote the hook to {path}, but could not check that a new interpreter runs "

@@ -29,6 +29,7 @@ import types
 import pytest
 import torch
 
+import fp4_dynamo_shim
 import stand_in_gpu
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import rebind
@@ -232,19 +233,30 @@ def test_visible_gpus_are_zero_without_a_cuda_build_and_torchs_count_with_one(mo
     assert kernels.visible_device_count() == visible
 
 
+def _flashinfers_functions() -> dict:
+    """FlashInfer's FP4 functions by name, as the shim found them and as it left them: (before, after apply)."""
+    import flashinfer
+
+    names = ["fp4_quantize", *(name for name in fp4_dynamo_shim.status()["family"] if hasattr(flashinfer, name))]
+    fp4_dynamo_shim.revert()
+    before = {name: getattr(flashinfer, name) for name in names}
+    assert fp4_dynamo_shim.apply()
+    return {name: (before[name], getattr(flashinfer, name)) for name in names}
+
+
 def test_original_is_flashinfers_function_behind_each_replacement():
     """``original_function(name)`` (public through ``lifecycle``) for every function the applied layer replaced."""
-    pairs = lifecycle._applied.record(Fp4Layer).swaps.pairs
-    assert pairs
-    for old, new in pairs:
-        assert lifecycle.original_function(old.__name__) is old
+    replaced = {name: pair for name, pair in _flashinfers_functions().items() if pair[0] is not pair[1]}
+    assert "fp4_quantize" in replaced and len(replaced) > 1
+    for name, (old, new) in replaced.items():
+        assert lifecycle.original_function(name) is old
 
 
 def test_original_finds_by_name_skips_unnamed_originals_and_answers_none_where_there_is_no_shim_replacement():
     """A layer whose pairs hold an original without a ``__name__`` (a functools.partial some code bound in the
     function's place), two shim replacements, and a pair whose new function is not the shim's: only a pair with
     that name and a shim replacement answers."""
-    by_name = {old.__name__: (old, new) for old, new in lifecycle._applied.record(Fp4Layer).swaps.pairs}
+    by_name = _flashinfers_functions()
     fp4_old, fp4_new = by_name["fp4_quantize"]
     nvfp4_old, nvfp4_new = by_name["nvfp4_quantize"]
     mxfp4_old = by_name["mxfp4_quantize"][0]
