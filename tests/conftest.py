@@ -138,6 +138,25 @@ def device_state():
 
 
 @pytest.fixture
+def sglang_installed(monkeypatch):
+    """``use(version)``: this environment as one where SGLang ``version`` is installed (None: none is), as its
+    distribution's metadata says; SGLang itself is not importable here."""
+    real = importlib.metadata.version
+
+    def use(version):
+        def version_of(name):
+            if name != "sglang":
+                return real(name)
+            if version is None:
+                raise importlib.metadata.PackageNotFoundError(name)
+            return version
+
+        monkeypatch.setattr(importlib.metadata, "version", version_of)
+
+    return use
+
+
+@pytest.fixture
 def applied_with(monkeypatch):
     """``apply(**environment)``: the shim re-applied under these variables (``FLASHINFER_OPS="all"`` names
     ``FP4_DYNAMO_SHIM_FLASHINFER_OPS``; None unsets) with an empty Dynamo cache; returns ``status()``. The

@@ -144,19 +144,16 @@ def test_the_checks_that_need_a_gpu_skip_on_cpu_and_say_why():
     assert fp4_dynamo_shim.status()["applied"]  # check_baseline reverts only on a GPU
 
 
-@pytest.mark.parametrize("described, reason", [
-    ({"installed": None}, "sglang is not installed"),
-    ({"installed": "0.5.14", "compile_path_check": False, "note": ""},
-     "sglang 0.5.14: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9"),
-    ({"installed": "0.5.10", "compile_path_check": False, "note": "its sgl_kernel needs torch 2.9.1"},
-     "sglang 0.5.10: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9 "
-     "(its sgl_kernel needs torch 2.9.1)"),
-    ({"installed": "0.5.9", "compile_path_check": True, "note": ""}, "SGLang's piecewise CUDA graph needs a GPU"),
+@pytest.mark.parametrize("installed, reason", [
+    (None, "sglang is not installed"),
+    ("0.5.14", "sglang 0.5.14: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9"),
+    ("0.5.10", "sglang 0.5.10: verify drives SGLang's install_torch_compiled + set_compiled only on 0.5.3.post2-0.5.9 "
+               "(the compile path has no set_compiled: verify's sglang-compile check does not drive it)"),
+    ("0.5.9", "SGLang's piecewise CUDA graph needs a GPU"),
 ])
-def test_sglangs_compile_path_check_says_why_it_does_not_run_here(monkeypatch, described, reason):
-    # Stand-in: what sglang_releases.describe() says of the installed SGLang (none is installed here); the
-    # compile path itself needs SGLang 0.5.3.post2-0.5.9 on a GPU (tests/gpu/test_gpu_sglang.py).
-    monkeypatch.setattr(sglang.sglang_releases, "describe", lambda: described)
+def test_sglangs_compile_path_check_says_why_it_does_not_run_here(sglang_installed, installed, reason):
+    # The compile path itself needs SGLang 0.5.3.post2-0.5.9 on a GPU (tests/gpu/test_gpu_sglang.py).
+    sglang_installed(installed)
     assert _skip_reason(sglang.check_sglang_compile_path) == reason
 
 
@@ -552,7 +549,6 @@ def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypa
 # show: that SGLang's compile path on a GPU yields such an outcome; tests/gpu/test_gpu_sglang.py drives it.
 
 NO_KERNEL = "this GPU has no FP4 kernel and FP4_DYNAMO_SHIM_FALLBACK=error"
-DRIVEN = {"installed": "0.5.9", "compile_path_check": True, "note": ""}
 
 
 def test_the_cuda_graph_check_skips_a_gpu_without_an_fp4_kernel_before_touching_it(device_mode):
@@ -563,14 +559,14 @@ def test_the_cuda_graph_check_skips_a_gpu_without_an_fp4_kernel_before_touching_
 
 
 @pytest.fixture
-def sglang_outcome(monkeypatch, device_mode):
+def sglang_outcome(monkeypatch, device_mode, sglang_installed):
     """``use(outcome)``: SGLang 0.5.9 on a GPU whose kernel computes values, its compile path returning ``outcome``
     (and recording the ``compare_values`` it was handed)."""
     handed = []
 
     def use(outcome, mode="kernel"):
         device_mode(mode)
-        monkeypatch.setattr(sglang.sglang_releases, "describe", lambda: DRIVEN)
+        sglang_installed("0.5.9")
         monkeypatch.setattr(sglang, "compile_path_check",
                             lambda compare_values: handed.append(compare_values) or outcome)
         return handed
