@@ -71,6 +71,8 @@ class Layer:
     proven: Optional[dict] = None
     #: The installed release as the lifecycle resolved it (the distribution's metadata), which picks the record.
     flashinfer: Optional[str] = None
+    #: FlashInfer's cached getter -> (its polyfill, the namespace keys whose entries call an op).
+    getters: dict = dataclasses.field(default_factory=dict)
 
 
 def module_named(name: str):
@@ -184,10 +186,11 @@ class Registrar:
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
-def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=()):
+def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=(), carried=()):
     """(op object, Op, its index, which fake) for one declaration; raises NotExpressible for a fact of the
-    release, anything else for a failure. ``getter_signature`` and ``written``: what the attention table says
-    the getter takes and the function writes, where FlashInfer's text does not say it."""
+    release, anything else for a failure. ``getter_signature``, ``written`` and ``carried``: what the attention
+    table says the getter takes, the function writes and which int lists the op carries as a tensor, where
+    FlashInfer's text does not say it."""
     index = registrar.count = registrar.count + 1
     if getter is None:
         function = module.__dict__.get(declaration.function)
@@ -201,7 +204,8 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
     mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
-    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature)
+    op = declared_codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature,
+                               carried)
     fake, fake_keywords, how = _fake(declaration, module, function)
     target = declared_codegen.target_expression(index, getter_signature, key)
     kernel, fake_function = declared_codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
@@ -209,9 +213,14 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
     return registrar.register(op, kernel, fake_function), op, index, how
 
 
+def _plan_tensor(value):
+    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants)."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor(list(value), dtype=torch.int64)
+
+
 def _caller_namespace() -> dict:
     return {"_Tensor": torch.Tensor, "_NotExpressible": declared_codegen.NotExpressibleError,
-            "_Namespace": declared_codegen.Namespace}
+            "_Namespace": declared_codegen.Namespace, "_plan_tensor": _plan_tensor}
 
 
 def module_level(layer, registrar, declaration, module, outcome):
@@ -255,7 +264,8 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
         try:
             op_object, op, index, outcome.fake = _build(
                 registrar, declaration, module, getter_object, keys[0], tabled[declaration.function],
-                declared_rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function))
+                declared_rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function),
+                declared_rules.attention_carried(layer.flashinfer, namespace_facts.getter, declaration.function))
         except NotExpressible as fact:
             outcome.refuse(str(fact))
             continue
@@ -284,3 +294,5 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
     layer.undo.append(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
                           f"{module.__name__}.{namespace_facts.getter}"))
+    # The wrappers reach a namespace their plan() built eagerly: they build its traced twin with this function.
+    layer.getters[getter_object] = (namespace["_getter"], tuple(k for k, v in entries.items() if v.startswith("_caller_")))

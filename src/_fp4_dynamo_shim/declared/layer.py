@@ -33,6 +33,7 @@ from . import build as declared_build
 from . import rules as declared_rules
 from . import polyfill
 from . import proven as proven_record
+from . import wrappers
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
 from .. import switches
@@ -155,6 +156,7 @@ def _register(layer: Layer) -> None:
                         outcome.fail(error, f"{getter}'s polyfill: ")
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
+            wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])
             _install_polyfills(layer)
     except BaseException:
         revert(layer)
