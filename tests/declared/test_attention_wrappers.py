@@ -1,0 +1,271 @@
+"""FlashInfer's batch decode wrapper's ``run`` as the shim's op under ``FP4_DYNAMO_SHIM_FLASHINFER_OPS=all``, on CPU.
+
+``plan()`` runs eagerly, outside the compiled function, as FlashInfer's; ``run()`` is compiled. The module plan() built
+reaches the op through the getter's polyfill for its arguments, and the plan's int list reaches it as a tensor, so a
+new plan is a new argument, not a guard (``declared/wrappers.py``).
+
+Stand-ins, because the kernels need a GPU, each named where used: the JIT module FlashInfer builds
+(``gen_batch_decode_module`` returns a spec whose ``build_and_load`` gives a CPU module: ``plan`` returns a plan
+vector holding the batch size and the page count, ``run`` computes paged attention with the default scale from the
+pages, reads its batch size from the plan vector it is given (a plan baked into the graph would fail there), writes
+``o``, ``lse`` and both workspaces, and is opaque to Dynamo as FlashInfer's C++ function is); the pinned host buffer
+the wrapper allocates is an ordinary one (CPU torch has no pinned memory). Everything between is FlashInfer's and
+the shim's real code. Limits: the stand-in reads none of the scalars (soft cap, scales, window); the GPU run
+(tests/gpu/test_gpu_attention.py) holds the values.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+
+import flashinfer
+import flashinfer.decode
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.declared import layer as declared_ops
+from helpers import apply_with
+
+DECODE = "flashinfer.decode.get_batch_decode_module.run_batch_decode"
+HEADS, KV_HEADS, DIM, PAGE = 4, 2, 64, 4
+
+
+class StandInDecodeModule:
+    """Stands in for the built batch decode JIT module (module docstring); records, per run, whether it came
+    through one of the shim's op kernels and the plan vector it got."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def plan(self, float_workspace, int_workspace, pinned, indptr_host, batch_size, *rest):
+        return [int(batch_size), int(indptr_host[-1]), 3, 0, 1]
+
+    @torch._dynamo.disable  # FlashInfer's C++ run: Dynamo cannot trace it
+    def run(self, float_workspace, int_workspace, plan_info, q, k, v, indptr, indices, last, o, lse, *scalars):
+        frame, through_op = sys._getframe(1), False
+        while frame is not None:
+            through_op |= frame.f_code.co_name.startswith("_kernel_")
+            frame = frame.f_back
+        if not all(type(value) is int for value in plan_info):  # the C++ binding takes ints, not a tensor
+            raise TypeError(f"plan_info_vec must hold ints, got {plan_info!r}")
+        self.calls.append((through_op, list(plan_info)))
+        batch = plan_info[0]
+        if q.shape[0] != batch:
+            raise RuntimeError(f"plan for {batch} requests, q holds {q.shape[0]}")
+        for b in range(batch):
+            pages = indices[indptr[b]:indptr[b + 1]]
+            length = (len(pages) - 1) * k.shape[1] + int(last[b])
+            keys, values = (t[pages].reshape(-1, *t.shape[2:])[:length].float().repeat_interleave(
+                q.shape[1] // t.shape[2], 1) for t in (k, v))
+            scores = torch.einsum("hd,khd->hk", q[b].float(), keys) / math.sqrt(q.shape[-1])
+            o[b].copy_(torch.einsum("hk,khd->hd", scores.softmax(-1), values).to(o.dtype))
+            if lse is not None:
+                lse[b].copy_(scores.logsumexp(-1))
+        int_workspace[:8].fill_(batch)
+        float_workspace[:8].fill_(plan_info[1])
+
+
+class _Spec:
+    def __init__(self, module):
+        self.module = module
+
+    def build_and_load(self):
+        return self.module
+
+
+@pytest.fixture(scope="module")
+def attention():
+    """Every declared op on (gate ``all``), with the stand-in JIT module; yields the stand-in's call record."""
+    calls: list = []
+    with pytest.MonkeyPatch.context() as patch:
+        status = apply_with(patch, FLASHINFER_OPS="all")
+        assert status["applied"], status["problem"]
+        patch.setattr(flashinfer.decode, "gen_batch_decode_module", lambda *a: _Spec(StandInDecodeModule(calls)))
+        flashinfer.decode.get_batch_decode_module.cache_clear()
+        yield {"calls": calls, "status": status["flashinfer_ops"]}
+        flashinfer.decode.get_batch_decode_module.cache_clear()
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()
+
+
+def _wrapper(use_cuda_graph: bool = False, batch: int = 4, max_pages: int = 64):
+    """FlashInfer's wrapper on CPU (its pinned host buffer an ordinary one: module docstring)."""
+    empty = torch.empty
+    buffers = {}
+    if use_cuda_graph:
+        buffers = {"paged_kv_indptr_buffer": torch.zeros(batch + 1, dtype=torch.int32),
+                   "paged_kv_indices_buffer": torch.zeros(max_pages, dtype=torch.int32),
+                   "paged_kv_last_page_len_buffer": torch.zeros(batch, dtype=torch.int32)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            torch.zeros(1 << 16, dtype=torch.uint8), "NHD", use_cuda_graph=use_cuda_graph, backend="fa2", **buffers)
+
+
+def _plan(wrapper, pages_per_request, last_page_len=3):
+    """plan() for requests holding these numbers of pages (page ids in order), eagerly, as a serving loop does."""
+    indptr = torch.tensor([0, *pages_per_request], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    indices = torch.arange(int(indptr[-1]), dtype=torch.int32)
+    last = torch.full((len(pages_per_request),), last_page_len, dtype=torch.int32)
+    wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, q_data_type=torch.float16,
+                 kv_data_type=torch.float16)
+
+
+def _cache(pages: int = 64, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(pages, PAGE, KV_HEADS, DIM, dtype=torch.float16, generator=generator) for _ in range(2))
+
+
+def _query(batch: int, seed: int = 1):
+    return torch.randn(batch, HEADS, DIM, dtype=torch.float16, generator=torch.Generator().manual_seed(seed))
+
+
+def _op_name(attention) -> str:
+    return attention["status"]["registered"][DECODE].split("::")[1]
+
+
+def test_batch_decode_run_traces_to_its_op_with_no_graph_break(attention):
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 3, 1])
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=backend)(_query(3))
+    targets = [str(node.target) for graph in backend.graphs for node in graph.graph.nodes
+               if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target)]
+    assert targets == [f"{declared_ops.NAMESPACE}.{_op_name(attention)}.default"]
+    assert "flashinfer.decode.BatchDecodeWithPagedKVCacheWrapper._plan_info" in attention["status"]["helpers"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_batch_decode_equals_eager_bit_for_bit_with_its_in_place_writes(attention, backend):
+    """Outputs, the caller's ``out``/``lse`` buffers and both workspaces: a write the schema left out, or a plan
+    read from the wrong place, would differ here."""
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 3, 1, 4])
+    q = _query(4)
+
+    def call(q, out, lse):
+        return wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
+
+    results = []
+    for compiled in (False, True):
+        wrapper._float_workspace_buffer.zero_()
+        wrapper._int_workspace_buffer.zero_()
+        attention["calls"].clear()
+        out, lse = torch.full_like(q, -1), torch.full((4, HEADS), -1.0)
+        torch._dynamo.reset()
+        function = torch.compile(call, fullgraph=True, backend=backend) if compiled else call
+        returned = function(q, out, lse)
+        assert attention["calls"] == [(compiled, [4, 10, 3, 0, 1])]  # eager: FlashInfer's own call, no op
+        results.append((*returned, out, lse, wrapper._float_workspace_buffer.clone(),
+                        wrapper._int_workspace_buffer.clone()))
+    for eager, compiled in zip(*results):
+        assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
+        assert torch.equal(compiled, eager)
+
+
+def _steps(wrapper, compiled, cache, batches):
+    """Plan eagerly, run compiled and eagerly, for each batch (pages per request); every step equal."""
+    for step, pages in enumerate(batches):
+        _plan(wrapper, pages, last_page_len=1 + step % PAGE)
+        q = _query(len(pages), seed=step)
+        out, lse = compiled(q)
+        eager_out, eager_lse = wrapper.run(q, cache, return_lse=True)
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
+
+
+def test_twenty_decode_steps_with_changing_batches_recompile_at_most_once(attention):
+    """Batch composition and sequence lengths change every step. The plan vector is an argument: no recompile
+    for its values. The one recompile is Dynamo's automatic dynamic shapes taking the batch dimension (q and the
+    index buffers plan() reallocates); sizes stay >= 2 here, as Dynamo specialises 0 and 1."""
+    wrapper, cache = _wrapper(), _cache()
+    rng = random.Random(0)
+    batches = [[rng.randint(2, 4) for _ in range(rng.randint(2, 9))] for _ in range(20)]
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=counter)
+    _steps(wrapper, compiled, cache, batches)
+    assert counter.frame_count <= 2
+
+
+def test_twenty_cuda_graph_decode_steps_with_changing_lengths_compile_once(attention):
+    """A ``use_cuda_graph=True`` wrapper keeps its buffers; plan() rewrites them and the plan vector: 0
+    recompilations while the requests' lengths change."""
+    wrapper, cache = _wrapper(use_cuda_graph=True, batch=4), _cache()
+    attention["calls"].clear()
+    rng = random.Random(1)
+    batches = [[rng.randint(1, 12) for _ in range(4)] for _ in range(20)]
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=counter)
+    _steps(wrapper, compiled, cache, batches)
+    assert counter.frame_count == 1
+    assert len({tuple(plan) for _, plan in attention["calls"]}) > 10  # the plans did change
+
+
+def test_opcheck_holds_the_batch_decode_op_with_the_stand_in_kernel(attention):
+    """torch.library.opcheck runs the op (FlashInfer's run on the stand-in module, the plan as a tensor) and checks
+    its schema's write claims (both workspaces, o, lse), its fake and its registration."""
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 3])
+    op = getattr(getattr(torch.ops, declared_ops.NAMESPACE), _op_name(attention)).default
+    q = _query(2)
+    values = {"float_workspace_buffer": wrapper._float_workspace_buffer, "plan_info_vec": torch.tensor(
+        wrapper._plan_info, dtype=torch.int64), "int_workspace_buffer": wrapper._int_workspace_buffer, "q": q,
+        "paged_k_cache": cache[0], "paged_v_cache": cache[1], "paged_kv_indptr": wrapper._paged_kv_indptr_buf,
+        "paged_kv_indices": wrapper._paged_kv_indices_buf, "o": torch.empty_like(q),
+        "paged_kv_last_page_len": wrapper._paged_kv_last_page_len_buf, "maybe_lse": torch.empty(2, HEADS),
+        "dtype_q": torch.float16, "dtype_kv": torch.float16, "dtype_o": torch.float16, "dtype_idx": torch.int32,
+        "head_dim_qk": DIM, "head_dim_vo": DIM, "window_left": -1, "sm_scale": 0.125, "rope_scale": 1.0,
+        "rope_theta": 1e4}
+    arguments = [values.get(a.name.removeprefix("getter_"), None if isinstance(a.type, torch.OptionalType) else
+                            {"bool": False, "float": 0.0}.get(str(a.type), 0)) for a in op._schema.arguments]
+    torch.library.opcheck(op, arguments)
+
+
+def test_a_wrong_out_buffer_raises_flashinfers_error_eager_and_compiled(attention):
+    """FlashInfer's own check runs before the op, in the traced code: compiled code raises its ValueError as eager
+    does. Under fullgraph=True Dynamo (torch 2.13) reports any exception a traced callee raises as Unsupported, with
+    FlashInfer's message: the class is torch's choice there, for every FlashInfer function alike."""
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 2])
+    q, wrong = _query(2), torch.empty(2, HEADS, DIM, dtype=torch.float32)
+    torch._dynamo.reset()
+    for function in (wrapper.run, torch.compile(wrapper.run, backend="aot_eager")):
+        with pytest.raises(ValueError, match="out"):
+            function(q, cache, out=wrong)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="out"):
+        torch.compile(lambda q: wrapper.run(q, cache, out=wrong), fullgraph=True, backend="aot_eager")(q)
+
+
+def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the_shim(attention):
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 2])
+    fp4_dynamo_shim.revert()
+    try:
+        assert "_plan_info" not in vars(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
+        _plan(wrapper, [3, 1])
+        assert wrapper._plan_info == [2, 4, 3, 0, 1]  # FlashInfer's own attribute again
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported):
+            torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+    finally:
+        assert fp4_dynamo_shim.apply()  # under the fixture's gate, for the tests after this one
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="call plan"):  # a plan stored while reverted
+        torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+    _plan(wrapper, [3, 1])
+    torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+
+
+def test_under_the_default_gate_the_wrapper_does_not_trace_until_a_gpu_run_proves_it(monkeypatch):
+    status = apply_with(monkeypatch, FLASHINFER_OPS=None)
+    assert status["applied"], status["problem"]
+    assert DECODE not in status["flashinfer_ops"]["registered"]
+    assert "_plan_info" not in vars(flashinfer.BatchDecodeWithPagedKVCacheWrapper)
