@@ -179,10 +179,11 @@ class Registrar:
         name, suffix = base, 2
         while name in self.names:
             name, suffix = f"{base}_{suffix}", suffix + 1
-        self.names.add(name)
         return name
 
     def register(self, op: declared_codegen.Op, kernel: Callable, fake: Callable):
+        """Define the op; its name is taken from here on (a declaration refused on the way takes none)."""
+        self.names.add(op.name)
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 

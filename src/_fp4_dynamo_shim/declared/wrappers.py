@@ -48,6 +48,16 @@ def _cached_arguments(getter, module) -> Optional[tuple]:
     return None
 
 
+def _carried(value):
+    """The plan as the op takes it: a CPU int64 tensor of an int list; anything else (None, a backend's plan of
+    tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly."""
+    try:
+        values = list(value)
+    except TypeError:
+        return value
+    return torch.tensor(values, dtype=torch.int64) if all(type(v) is int for v in values) else value
+
+
 def _wrapped_getters(layer) -> Dict[str, set]:
     """Entry point -> the names of the getters whose ops are registered and which its wrapper's plan() calls."""
     registered = {getattr(getter, "__name__", None) for getter in layer.getters}
@@ -90,7 +100,7 @@ def install(layer, served) -> None:
 
     def put(self, value):
         self.__dict__[PLAN] = value
-        self.__dict__[carried] = None if value is None else torch.tensor(list(value), dtype=torch.int64)
+        self.__dict__[carried] = _carried(value)
         twin(self.__dict__.get("_cached_module"))
 
     def forget(self):
