@@ -86,7 +86,8 @@ class StandInModule:
         if q.shape[0] != plan[0]:
             raise RuntimeError(f"plan for {plan[0]} requests, q holds {q.shape[0]}")
         for b in range(plan[0]):
-            _attend(q, _pages(k, indices, indptr, last, b), _pages(v, indices, indptr, last, b), o, lse, slice(b, b + 1))
+            keys, values = (_pages(cache, indices, indptr, last, b) for cache in (k, v))
+            _attend(q, keys, values, o, lse, slice(b, b + 1))
         self._workspaces(plan, float_workspace, int_workspace)
 
     @torch._dynamo.disable
@@ -181,9 +182,11 @@ class Case:
 
 
 CASES = {
-    "decode": Case(DECODE, flashinfer.BatchDecodeWithPagedKVCacheWrapper, lambda w, q, cache, **k: w.run(q, cache, **k)),
+    "decode": Case(DECODE, flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+                   lambda w, q, cache, **k: w.run(q, cache, **k)),
     "prefill_paged": Case("flashinfer.prefill.get_batch_prefill_module.paged_run",
-                          flashinfer.BatchPrefillWithPagedKVCacheWrapper, lambda w, q, cache, **k: w.run(q, cache, **k)),
+                          flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+                          lambda w, q, cache, **k: w.run(q, cache, **k)),
     "prefill_ragged": Case("flashinfer.prefill.get_batch_prefill_module.ragged_run",
                            flashinfer.BatchPrefillWithRaggedKVCacheWrapper,
                            lambda w, q, cache, **k: w.run(q, *(c.flatten(0, 1) for c in cache), **k)),
@@ -214,7 +217,8 @@ def test_wrapper_run_traces_to_its_op_with_no_graph_break(attention, kind):
     targets = [str(node.target) for graph in backend.graphs for node in graph.graph.nodes
                if node.op == "call_function" and declared_ops.NAMESPACE in str(node.target)]
     assert targets == [f"{declared_ops.NAMESPACE}.{_op_name(attention, kind)}.default"]
-    assert f"{CASES[kind].wrapper.__module__}.{CASES[kind].wrapper.__name__}._plan_info" in attention["status"]["helpers"]
+    owner = CASES[kind].wrapper
+    assert f"{owner.__module__}.{owner.__name__}._plan_info" in attention["status"]["helpers"]
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

@@ -296,4 +296,5 @@ def getter(layer, registrar, members, module, namespace_facts: declared.Namespac
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
                           f"{module.__name__}.{namespace_facts.getter}"))
     # The wrappers reach a namespace their plan() built eagerly: they build its traced twin with this function.
-    layer.getters[getter_object] = (namespace["_getter"], tuple(k for k, v in entries.items() if v.startswith("_caller_")))
+    served = tuple(key for key, value in entries.items() if value.startswith("_caller_"))
+    layer.getters[getter_object] = (namespace["_getter"], served)
