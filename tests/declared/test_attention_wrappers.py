@@ -156,7 +156,7 @@ def _wrapper(kind: str = "decode", use_cuda_graph: bool = False, batch: int = 4,
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
         return CASES[kind].wrapper(torch.zeros(1 << 16, dtype=torch.uint8), "NHD", use_cuda_graph=use_cuda_graph,
-                                   backend="fa2", **buffers)
+                                   backend="fa2", **buffers, **CASES[kind].options)
 
 
 def _plan(wrapper, pages_per_request, last_page_len=3, rows=None):
@@ -178,13 +178,16 @@ def _plan(wrapper, pages_per_request, last_page_len=3, rows=None):
 
 
 class Case:
-    def __init__(self, key, wrapper, run):
-        self.key, self.wrapper, self.run = key, wrapper, run
+    def __init__(self, key, wrapper, run, **options):
+        self.key, self.wrapper, self.run, self.options = key, wrapper, run, options
 
 
 CASES = {
     "decode": Case(DECODE, flashinfer.BatchDecodeWithPagedKVCacheWrapper,
                    lambda w, q, cache, **k: w.run(q, cache, **k)),
+    "decode_tensor_cores": Case("flashinfer.prefill.get_batch_prefill_module.paged_run",
+                                flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+                                lambda w, q, cache, **k: w.run(q, cache, **k), use_tensor_cores=True),
     "prefill_paged": Case("flashinfer.prefill.get_batch_prefill_module.paged_run",
                           flashinfer.BatchPrefillWithPagedKVCacheWrapper,
                           lambda w, q, cache, **k: w.run(q, cache, **k)),
