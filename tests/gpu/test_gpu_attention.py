@@ -96,8 +96,9 @@ def _attention_wrapper(kind, backend, use_cuda_graph):
             graph = dict(paged_kv_indptr_buffer=torch.zeros(BATCH + 1, **i32),
                          paged_kv_indices_buffer=torch.zeros(PAGES, **i32),
                          paged_kv_last_page_len_buffer=torch.zeros(BATCH, **i32))
-        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            workspace, "NHD", use_cuda_graph=use_cuda_graph, use_tensor_cores=kind == "decode_tensor_cores", **graph)
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(  # fa2: "auto" may pick cudnn on 0.7.x
+            workspace, "NHD", use_cuda_graph=use_cuda_graph, use_tensor_cores=kind == "decode_tensor_cores",
+            backend=backend, **graph)
     if kind == "prefill_paged":
         if use_cuda_graph:
             graph = dict(qo_indptr_buf=torch.zeros(BATCH + 1, **i32), paged_kv_indptr_buf=torch.zeros(BATCH + 1, **i32),
@@ -157,7 +158,7 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
     assert all(torch.equal(a, b) for a, b in zip(compiled(q), eager))
     names = {str(n.target) for g in counter.graphs for n in g.graph.nodes if declared_ops.NAMESPACE in str(n.target)}
     assert len(names) == 1, names
-    opcheck = declared_checks._opcheck(call, (q,))
+    opcheck = declared_checks._opcheck(call, (q,))  # the ops a compiled call reaches, with its arguments
     assert opcheck != "no shim op ran" and all(value is True for value in opcheck.values()), opcheck
     if use_cuda_graph:  # FlashInfer's protocol: capture run() once, plan() again before each replay
         static = q.clone()

@@ -39,7 +39,8 @@ _applications = itertools.count()
 
 def _cached_arguments(getter, module) -> Optional[tuple]:
     """The arguments ``getter`` (a ``functools.cache``) was called with to return ``module``, or None. The cache
-    has no public listing: its dict is what the wrapper's garbage-collector traversal reaches (CPython)."""
+    has no public listing: its dict is what the cache object's garbage-collector traversal reaches (CPython's
+    ``functools`` keeps the arguments tuple as the key, or the argument itself when it is one int or str)."""
     for referent in gc.get_referents(getter):
         if type(referent) is dict:
             for key, value in referent.items():
@@ -114,13 +115,15 @@ def install(layer, served) -> None:
                 "again before compiling run()")
         return getattr(self, carried)
 
+    installed = False
     for entry_point in _wrapped_getters(layer):
         module_name, class_name = declared_rules.ATTENTION_WRAPPED[entry_point]
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None or PLAN in vars(cls):
+        if cls is None or PLAN in vars(cls):  # a release without the class, or one that defines it itself
             continue
         setattr(cls, PLAN, property(get, put, forget))
         layer.undo.append(lambda cls=cls: delattr(cls, PLAN))
         layer.helpers.append(f"{module_name}.{class_name}.{PLAN}")
-    if layer.helpers and any(h.endswith(PLAN) for h in layer.helpers):
+        installed = True
+    if installed:
         layer.pending.append((get, traced, served, "the attention wrappers' plan"))
