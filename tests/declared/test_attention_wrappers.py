@@ -321,20 +321,22 @@ def test_opcheck_holds_each_wrapper_op_with_the_stand_in_kernel(attention, kind)
     torch.library.opcheck(op, arguments)
 
 
-def test_a_wrong_out_buffer_raises_flashinfers_error_eager_and_compiled(attention):
+@pytest.mark.parametrize("kind", CASES)
+def test_a_wrong_out_buffer_raises_flashinfers_error_eager_and_compiled(attention, kind):
     """FlashInfer's own check runs before the op, in the traced code: compiled code raises its ValueError as eager
     does. Under fullgraph=True Dynamo (torch 2.13) reports any exception a traced callee raises as Unsupported, with
     FlashInfer's message: the class is torch's choice there, for every FlashInfer function alike."""
-    wrapper, cache = _wrapper(), _cache()
-    _plan(wrapper, [2, 2])
-    q, wrong = _query(2), torch.empty(2, HEADS, DIM, dtype=torch.float32)
+    wrapper, cache = _wrapper(kind), _cache()
+    rows = _plan(wrapper, [2, 2])
+    q, wrong = _query(rows), torch.empty(rows, HEADS, DIM, dtype=torch.float32)
+    call = lambda q: CASES[kind].run(wrapper, q, cache, out=wrong)  # noqa: E731
     torch._dynamo.reset()
-    for function in (wrapper.run, torch.compile(wrapper.run, backend="aot_eager")):
+    for function in (call, torch.compile(call, backend="aot_eager")):
         with pytest.raises(ValueError, match="out"):
-            function(q, cache, out=wrong)
+            function(q)
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match="out"):
-        torch.compile(lambda q: wrapper.run(q, cache, out=wrong), fullgraph=True, backend="aot_eager")(q)
+        torch.compile(call, fullgraph=True, backend="aot_eager")(q)
 
 
 def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the_shim(attention):
@@ -355,6 +357,15 @@ def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the
         torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
     _plan(wrapper, [3, 1])
     torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+
+
+def test_a_wrapper_never_planned_has_no_plan_as_without_the_shim(attention):
+    """FlashInfer's decode wrapper sets no ``_plan_info`` before plan(), and reads it with ``getattr(..., None)``:
+    the property answers as a missing attribute does."""
+    wrapper = _wrapper()
+    assert getattr(wrapper, "_plan_info", "absent") == "absent"
+    with pytest.raises(AttributeError, match="'BatchDecodeWithPagedKVCacheWrapper' object has no attribute '_plan_info'"):
+        wrapper._plan_info
 
 
 def test_under_the_default_gate_the_wrapper_does_not_trace_until_a_gpu_run_proves_it(monkeypatch):

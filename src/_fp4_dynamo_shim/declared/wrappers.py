@@ -21,6 +21,7 @@ values); a plan stored under an earlier application is not used: compiling asks 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import sys
@@ -37,15 +38,30 @@ PLAN = "_plan_info"
 _applications = itertools.count()
 
 
+@dataclasses.dataclass
+class _Application:
+    """What the properties of one application read: its layer, the instance attribute its plan tensor goes by
+    (new per application: a tensor left by an earlier one is never read), and the modules already polyfilled
+    (kept alive, so that an id is never reused)."""
+
+    layer: object
+    carried: str = dataclasses.field(default_factory=lambda: f"_fp4_dynamo_shim_plan_{next(_applications)}")
+    twins: Dict[int, object] = dataclasses.field(default_factory=dict)
+
+
+#: The application in force (one layer is applied at a time); None once reverted.
+_current: Optional[_Application] = None
+
+
 def _cached_arguments(getter, module) -> Optional[tuple]:
     """The arguments ``getter`` (a ``functools.cache``) was called with to return ``module``, or None. The cache
     has no public listing: its dict is what the cache object's garbage-collector traversal reaches (CPython's
-    ``functools`` keeps the arguments tuple as the key, or the argument itself when it is one int or str)."""
+    ``functools`` keys it by the arguments tuple; the attention getters all take several arguments)."""
     for referent in gc.get_referents(getter):
         if type(referent) is dict:
             for key, value in referent.items():
                 if value is module:
-                    return key if type(key) is tuple else (key,)
+                    return key
     return None
 
 
@@ -59,71 +75,74 @@ def _carried(value):
     return torch.tensor(values, dtype=torch.int64) if all(type(v) is int for v in values) else value
 
 
-def _wrapped_getters(layer) -> Dict[str, set]:
-    """Entry point -> the names of the getters whose ops are registered and which its wrapper's plan() calls."""
-    registered = {getattr(getter, "__name__", None) for getter in layer.getters}
-    found: Dict[str, set] = {}
-    for entry_point in declared_rules.ATTENTION_WRAPPED:
-        for getter in declared_rules.attention_wrapped_getters(layer.flashinfer, entry_point) & registered:
-            found.setdefault(entry_point, set()).add(getter)
-    return found
+def _twin(application: _Application, module) -> None:
+    """Polyfill the run functions of a module a getter cached, with its getter's polyfill for those arguments."""
+    if module is None or id(module) in application.twins:
+        return
+    application.twins[id(module)] = module
+    layer = application.layer
+    for getter, (traced_getter, keys) in layer.getters.items():
+        arguments = _cached_arguments(getter, module)
+        if arguments is None:
+            continue
+        try:
+            traced = traced_getter(*arguments)
+            for key in keys:
+                layer.undo.append(polyfill.install(getattr(module, key), getattr(traced, key)))
+        except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
+            switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
+                          f"({type(error).__name__}: {error})")
+        return
+
+
+def _get(wrapper):
+    """Eagerly: FlashInfer's value, where FlashInfer's plan() left it."""
+    try:
+        return wrapper.__dict__[PLAN]
+    except KeyError:
+        raise AttributeError(f"{type(wrapper).__name__!r} object has no attribute {PLAN!r}") from None
+
+
+def _put(wrapper, value) -> None:
+    """FlashInfer's plan() storing its plan: FlashInfer's value, the tensor beside it, the module polyfilled."""
+    wrapper.__dict__[PLAN] = value
+    wrapper.__dict__[_current.carried] = _carried(value)
+    _twin(_current, wrapper.__dict__.get("_cached_module"))
+
+
+def _traced(wrapper):
+    """Under tracing (the polyfill of ``_get``): the tensor ``_put`` left."""
+    if not hasattr(wrapper, _current.carried):
+        raise NotExpressibleError(
+            f"fp4_dynamo_shim: this {type(wrapper).__name__} was planned before the shim applied: call plan() "
+            "again before compiling run()")
+    return getattr(wrapper, _current.carried)
+
+
+def _wrapped_classes(layer) -> list:
+    """(module, class) of each wrapper whose plan() calls a getter whose ops are registered."""
+    registered = {getter.__name__ for getter in layer.getters}
+    return [declared_rules.ATTENTION_WRAPPED[entry_point] for entry_point in declared_rules.ATTENTION_WRAPPED
+            if declared_rules.attention_wrapped_getters(layer.flashinfer, entry_point) & registered]
+
+
+def _forget() -> None:
+    global _current
+    _current = None
 
 
 def install(layer, served) -> None:
     """Give each wrapper class whose getters' ops are registered the ``_plan_info`` property; its polyfill goes
     through ``layer.pending`` with the outcomes it ``served``."""
-    carried = f"_fp4_dynamo_shim_plan_{next(_applications)}"
-    twins: Dict[int, object] = {}  # id -> FlashInfer's module, kept alive so that an id is never reused
-
-    def twin(module) -> None:
-        """Polyfill the run functions of a module a getter cached, with its getter's polyfill for those arguments."""
-        if module is None or id(module) in twins or layer.state != "registered":
-            return
-        twins[id(module)] = module
-        for getter, (traced_getter, keys) in layer.getters.items():
-            arguments = _cached_arguments(getter, module)
-            if arguments is None:
-                continue
-            try:
-                traced = traced_getter(*arguments)
-                for key in (k for k in keys if not k.startswith("=")):
-                    layer.undo.append(polyfill.install(getattr(module, key), getattr(traced, key)))
-            except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
-                switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
-                              f"({type(error).__name__}: {error})")
-            return
-
-    def get(self):
-        try:
-            return self.__dict__[PLAN]
-        except KeyError:
-            raise AttributeError(PLAN) from None
-
-    def put(self, value):
-        self.__dict__[PLAN] = value
-        self.__dict__[carried] = _carried(value)
-        twin(self.__dict__.get("_cached_module"))
-
-    def forget(self):
-        self.__dict__.pop(PLAN, None)
-        self.__dict__.pop(carried, None)
-
-    def traced(self):
-        if not hasattr(self, carried):
-            raise NotExpressibleError(
-                f"fp4_dynamo_shim: this {type(self).__name__} was planned before the shim applied: call plan() "
-                "again before compiling run()")
-        return getattr(self, carried)
-
-    installed = False
-    for entry_point in _wrapped_getters(layer):
-        module_name, class_name = declared_rules.ATTENTION_WRAPPED[entry_point]
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        if cls is None or PLAN in vars(cls):  # a release without the class, or one that defines it itself
-            continue
-        setattr(cls, PLAN, property(get, put, forget))
+    global _current
+    classes = [(module_name, class_name, getattr(sys.modules[module_name], class_name))
+               for module_name, class_name in _wrapped_classes(layer)]
+    if not classes:
+        return
+    _current = _Application(layer)
+    layer.undo.append(_forget)
+    for module_name, class_name, cls in classes:
+        setattr(cls, PLAN, property(_get, _put))
         layer.undo.append(lambda cls=cls: delattr(cls, PLAN))
         layer.helpers.append(f"{module_name}.{class_name}.{PLAN}")
-        installed = True
-    if installed:
-        layer.pending.append((get, traced, served, "the attention wrappers' plan"))
+    layer.pending.append((_get, _traced, served, "the attention wrappers' plan"))
