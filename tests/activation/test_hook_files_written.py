@@ -1,4 +1,4 @@
-"""install-hook and uninstall-hook called in this process (``routes.site_files``): the exact text each route
+"""install-hook and uninstall-hook called in this process (``activation.site_files``): the exact text each route
 writes, what a second install and an uninstall leave of a user's file, how a file is replaced, what a failed
 check takes back out and the words that name what is in the way.
 

@@ -7,7 +7,7 @@ parameters from the per-release attention table; single decode's run also writes
 Stand-ins, because the kernels need a GPU, each named where used: the JIT modules FlashInfer builds
 (``gen_single_decode_module``/``gen_single_prefill_module`` return a spec whose ``build_and_load`` gives a CPU
 module computing attention with the default scale, writing ``o``, ``lse`` and ``tmp`` as the C++ run functions
-do); FlashInfer's device query answers SM90 for cuda:0 under tracing (``declared_ops.CAPABILITIES``) and, for the
+do); FlashInfer's device query answers SM90 for cuda:0 under tracing (``declared_layer.CAPABILITIES``) and, for the
 ``auto`` backend, ``torch.version.cuda`` answers as a CUDA build of torch does. Everything between is FlashInfer's
 and the shim's real code. Limits: the stand-in reads none of the scalars (soft cap, scales, window), so the GPU
 run (tests/gpu) holds the values; here it holds the graph, the writes and the eager path.

@@ -3,7 +3,7 @@
 No GPU here: calls are traced on fake CUDA tensors (``FakeTensorMode``, tensors made on "cuda" under it) with
 a backend that evaluates the graph on fake tensors too, so nothing runs and FlashInfer's JIT is never built.
 Stand-in, named where used: FlashInfer's device query answers SM90 for cuda:0 under tracing
-(``declared_ops.CAPABILITIES``), since a CPU-only torch has no device to ask. The kernels run on the GPU
+(``declared_layer.CAPABILITIES``), since a CPU-only torch has no device to ask. The kernels run on the GPU
 machine (``tests/gpu/test_gpu_declared.py``).
 """
 

@@ -4,6 +4,8 @@ through ``declared_checks.check`` (fullgraph with 0 graph breaks, Inductor bit-i
 replay equal, ``opcheck`` on the op it reaches), and twenty decode steps with a growing KV cache compiled at most
 twice (once per distinct shape set: automatic dynamic shapes), every step equal to eager.
 
+The wrappers' section below runs each batch wrapper the same way (plan() eager, run() compiled).
+
 The first call builds each JIT module (minutes for the six on the H200, FlashInfer 0.6.12): allow for it.
 """
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 import declared_checks
+from _fp4_dynamo_shim.declared import declared_layer
 from declared_examples import Example, _attention
 from gpu_support import SM
 
@@ -34,7 +37,10 @@ IDS = ["decode", "decode_tensor_cores", "prefill_fa2_causal", "prefill_fa2", "pr
 def every_op():
     with declared_checks.every_op_on() as layer:
         assert {"flashinfer.decode.get_single_decode_module.run_single_decode",
-                "flashinfer.prefill.get_single_prefill_module.run_single_prefill"} <= set(layer["registered"])
+                "flashinfer.prefill.get_single_prefill_module.run_single_prefill",
+                "flashinfer.decode.get_batch_decode_module.run_batch_decode",
+                "flashinfer.prefill.get_batch_prefill_module.paged_run",
+                "flashinfer.prefill.get_batch_prefill_module.ragged_run"} <= set(layer["registered"])
         yield layer
 
 
@@ -61,3 +67,133 @@ def test_twenty_decode_steps_with_a_growing_kv_cache_compile_at_most_twice(every
         eager_out, eager_lse = call(q, k, v)
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
     assert counter.frame_count <= 2
+
+
+# --- the stateful wrappers: plan() eager, run() compiled -------------------------------------------------------
+# Each wrapper on the real kernels, fa2 and (SM90) fa3, with and without use_cuda_graph=True: run() traced with
+# fullgraph to the shim's op, compiled (Inductor) equal to eager bit for bit in its output and lse, the compiled run
+# captured in a CUDA graph and replayed after a new plan() equal to eager on that plan, opcheck on the op it reaches
+# with the arguments it passed, and twenty steps whose composition and lengths change compiled at most twice (a
+# use_cuda_graph=True decode wrapper: once). The CPU counterpart with stand-in modules is
+# tests/declared/test_attention_wrappers.py.
+
+HEADS, KV_HEADS, DIM, PAGE, PAGES, BATCH = 8, 2, 128, 16, 256, 4
+WRAPPERS = [("decode", "fa2", False), ("decode", "fa2", True), ("decode_tensor_cores", "fa2", False),
+            ("decode_tensor_cores", "fa2", True), ("prefill_paged", "fa2", False), ("prefill_paged", "fa2", True),
+            ("prefill_ragged", "fa2", False), ("prefill_ragged", "fa2", True)]
+WRAPPERS += [pytest.param(kind, "fa3", graph, marks=pytest.mark.skipif(not ON_SM90, reason="fa3 is SM90's"))
+             for kind in ("prefill_paged", "prefill_ragged") for graph in (False, True)]
+
+
+def _attention_wrapper(kind, backend, use_cuda_graph):
+    import flashinfer
+
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    i32 = dict(dtype=torch.int32, device="cuda")
+    graph = {}
+    if kind.startswith("decode"):
+        if use_cuda_graph:
+            graph = dict(paged_kv_indptr_buffer=torch.zeros(BATCH + 1, **i32),
+                         paged_kv_indices_buffer=torch.zeros(PAGES, **i32),
+                         paged_kv_last_page_len_buffer=torch.zeros(BATCH, **i32))
+        return flashinfer.BatchDecodeWithPagedKVCacheWrapper(  # fa2: "auto" may pick cudnn on 0.7.x
+            workspace, "NHD", use_cuda_graph=use_cuda_graph, use_tensor_cores=kind == "decode_tensor_cores",
+            backend=backend, **graph)
+    if kind == "prefill_paged":
+        if use_cuda_graph:
+            graph = dict(qo_indptr_buf=torch.zeros(BATCH + 1, **i32), paged_kv_indptr_buf=torch.zeros(BATCH + 1, **i32),
+                         paged_kv_indices_buf=torch.zeros(PAGES, **i32),
+                         paged_kv_last_page_len_buf=torch.zeros(BATCH, **i32))
+        return flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", use_cuda_graph=use_cuda_graph,
+                                                              backend=backend, **graph)
+    if use_cuda_graph:
+        graph = dict(qo_indptr_buf=torch.zeros(BATCH + 1, **i32), kv_indptr_buf=torch.zeros(BATCH + 1, **i32))
+    return flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", use_cuda_graph=use_cuda_graph,
+                                                           backend=backend, **graph)
+
+
+def _attention_plan(wrapper, kind, pages, rows):
+    """plan() for requests of ``pages`` pages (the last holding 1 + index % PAGE tokens) and ``rows`` query rows
+    each (decode: one); returns the number of query rows."""
+    i32 = dict(dtype=torch.int32, device="cuda")
+    indptr = torch.tensor([0, *pages], **i32).cumsum(0, dtype=torch.int32)
+    last = torch.tensor([1 + i % PAGE for i in range(len(pages))], **i32)
+    indices = torch.randperm(PAGES, device="cuda")[:int(indptr[-1])].to(torch.int32)
+    dtypes = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    if kind.startswith("decode"):
+        wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, **dtypes)
+        return len(pages)
+    qo_indptr = torch.tensor([0, *rows], **i32).cumsum(0, dtype=torch.int32)
+    if kind == "prefill_paged":
+        wrapper.plan(qo_indptr, indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, causal=True, **dtypes)
+    else:
+        kv_lens = [max(p * PAGE, r) for p, r in zip(pages, rows)]
+        kv_indptr = torch.tensor([0, *kv_lens], **i32).cumsum(0, dtype=torch.int32)
+        wrapper.plan(qo_indptr, kv_indptr, HEADS, KV_HEADS, DIM, causal=True, **dtypes)
+    return int(qo_indptr[-1])
+
+
+def _attention_call(wrapper, kind, cache):
+    if kind == "prefill_ragged":
+        keys, values = (c.flatten(0, 1) for c in cache)
+        return lambda q: wrapper.run(q, keys, values, return_lse=True)
+    return lambda q: wrapper.run(q, cache, return_lse=True)
+
+
+@pytest.mark.parametrize("kind, backend, use_cuda_graph", WRAPPERS)
+def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_passes_opcheck(
+        every_op, kind, backend, use_cuda_graph):
+    import torch._dynamo.testing
+
+    torch.manual_seed(0)
+    wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
+    cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    call = _attention_call(wrapper, kind, cache)
+    rows = _attention_plan(wrapper, kind, [3, 5, 2, 7], [4, 1, 6, 3])
+    q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend=counter)
+    eager = call(q)
+    assert all(torch.equal(a, b) for a, b in zip(compiled(q), eager))
+    names = {str(n.target) for g in counter.graphs for n in g.graph.nodes if declared_layer.NAMESPACE in str(n.target)}
+    assert len(names) == 1, names
+    opcheck = declared_checks._opcheck(call, (q,))  # the ops a compiled call reaches, with its arguments
+    assert opcheck != "no shim op ran" and all(value is True for value in opcheck.values()), opcheck
+    if use_cuda_graph:  # FlashInfer's protocol: capture run() once, plan() again before each replay
+        static = q.clone()
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                compiled(static)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = compiled(static)
+        assert _attention_plan(wrapper, kind, [6, 1, 4, 2], [4, 1, 6, 3]) == rows
+        static.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(captured, call(static)))
+
+
+@pytest.mark.parametrize("kind, backend, use_cuda_graph", WRAPPERS)
+def test_twenty_wrapper_steps_with_changing_batches_compile_at_most_twice(every_op, kind, backend, use_cuda_graph):
+    import random
+
+    import torch._dynamo.testing
+
+    rng = random.Random(0)
+    wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
+    cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    call = _attention_call(wrapper, kind, cache)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend=counter)
+    for step in range(20):
+        batch = BATCH if use_cuda_graph else rng.randint(2, BATCH)
+        rows = _attention_plan(wrapper, kind, [rng.randint(2, 12) for _ in range(batch)],
+                               [rng.randint(2, 9) if not use_cuda_graph else 3 for _ in range(batch)])
+        q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+        assert all(torch.equal(a, b) for a, b in zip(compiled(q), call(q))), step
+    assert counter.frame_count <= (1 if kind.startswith("decode") and use_cuda_graph else 3)

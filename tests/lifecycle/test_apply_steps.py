@@ -78,15 +78,18 @@ def test_revert_says_so_in_status(unpatched):
     assert fp4_dynamo_shim.status()["problem"] == "revert() was called"
 
 
-def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_untouched(unpatched, monkeypatch):
+@pytest.mark.parametrize("failing", ["the FP4 module", "the JIT's CUDA lookups"])
+def test_flashinfer_that_cannot_be_imported_is_refused_with_its_error_and_left_untouched(unpatched, monkeypatch,
+                                                                                        failing):
     import flashinfer
 
     original = flashinfer.fp4_quantize
-    target_module = lifecycle.fp4_releases.target_for(lifecycle.flashinfer_version()).module
+    failing_module = (lifecycle.fp4_releases.target_for(lifecycle.flashinfer_version()).module
+                      if failing == "the FP4 module" else lifecycle.cuda_version.CPP_EXT)
     real_import = importlib.import_module
 
     def import_module(name, *args):
-        if name == target_module:
+        if name == failing_module:
             raise RuntimeError("no GPU to ask")
         return real_import(name, *args)
 

@@ -1,7 +1,7 @@
 """The running interpreter's own site directories, which no test may change.
 
 Every route test writes its start-up lines into a temporary site directory. A bug that drops that directory
-(or a generated mutant of ``routes.site_files`` that does) writes them into the interpreter's own
+(or a generated mutant of ``activation.site_files`` that does) writes them into the interpreter's own
 site-packages instead, where they start the hook in every later interpreter of this environment: later tests
 then see a route they never installed, and the developer's venv stays changed. The guard makes such a write
 fail the test that did it, and puts the files back.

@@ -1,6 +1,6 @@
 """Start-up route: apply the shim in every process that imports flashinfer.
 
-Three files start it when an interpreter starts (``routes.site_files`` writes and finds them): the package's
+Three files start it when an interpreter starts (``activation.site_files`` writes them, ``startup_files`` finds them): the package's
 ``fp4_dynamo_shim.pth`` (only with ``FP4_DYNAMO_SHIM=1``), the ``.pth`` that ``install-hook`` writes, and the
 sitecustomize block it writes where ``.pth`` files are not processed. They call ``fp4_dynamo_shim_hook``,
 which forwards here. It makes the shim follow SGLang into every spawned worker: as soon as ``flashinfer`` is

@@ -72,6 +72,8 @@ class Layer:
     proven: Optional[dict] = None
     #: The installed release as the lifecycle resolved it (the distribution's metadata), which picks the record.
     flashinfer: Optional[str] = None
+    #: FlashInfer's cached getter -> (its polyfill, the namespace keys whose entries call an op).
+    getters: dict = dataclasses.field(default_factory=dict)
 
 
 def module_named(name: str):
@@ -178,17 +180,19 @@ class Registrar:
         name, suffix = base, 2
         while name in self.names:
             name, suffix = f"{base}_{suffix}", suffix + 1
-        self.names.add(name)
         return name
 
     def register(self, op: codegen.Op, kernel: Callable, fake: Callable):
+        """Define the op; its name is taken from here on (a declaration refused on the way takes none)."""
+        self.names.add(op.name)
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
-def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=()):
+def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=(), carried=()):
     """(op object, Op, its index, which fake) for one declaration; raises NotExpressible for a fact of the
-    release, anything else for a failure. ``getter_signature`` and ``written``: what the attention table says
-    the getter takes and the function writes, where FlashInfer's text does not say it."""
+    release, anything else for a failure. ``getter_signature``, ``written`` and ``carried``: what the attention
+    table says the getter takes, the function writes and which int lists the op carries as a tensor, where
+    FlashInfer's text does not say it."""
     index = registrar.count = registrar.count + 1
     if getter is None:
         function = module.__dict__.get(declaration.function)
@@ -202,7 +206,8 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
     mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
-    op = codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature)
+    op = codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature,
+                               carried)
     fake, fake_keywords, how = _fake(declaration, module, function)
     target = codegen.target_expression(index, getter_signature, key)
     kernel, fake_function = codegen.kernel_and_fake(op, index, bindings, target, fake, module.__file__,
@@ -210,9 +215,14 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
     return registrar.register(op, kernel, fake_function), op, index, how
 
 
+def _plan_tensor(value):
+    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants)."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor(list(value), dtype=torch.int64)
+
+
 def _caller_namespace() -> dict:
     return {"_Tensor": torch.Tensor, "_NotExpressible": codegen.NotExpressibleError,
-            "_Namespace": codegen.Namespace}
+            "_Namespace": codegen.Namespace, "_plan_tensor": _plan_tensor}
 
 
 def module_level(layer, registrar, declaration, module, outcome):
@@ -256,7 +266,8 @@ def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
         try:
             op_object, op, index, outcome.fake = _build(
                 registrar, declaration, module, getter_object, keys[0], tabled[declaration.function],
-                rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function))
+                rules.attention_written(layer.flashinfer, namespace_facts.getter, declaration.function),
+                rules.attention_carried(layer.flashinfer, namespace_facts.getter, declaration.function))
         except NotExpressible as fact:
             outcome.refuse(str(fact))
             continue
@@ -285,3 +296,6 @@ def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     layer.undo.push(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],
                           f"{module.__name__}.{namespace_facts.getter}"))
+    # The wrappers reach a namespace their plan() built eagerly: they build its traced twin with this function.
+    served = tuple(key for key, value in entries.items() if value.startswith("_caller_"))
+    layer.getters[getter_object] = (namespace["_getter"], served)

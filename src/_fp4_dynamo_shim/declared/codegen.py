@@ -58,6 +58,8 @@ class Op:
     pack: List[str]
     unpack: List[str]
     checks: List[str]
+    #: The unpack statements the fake also runs (a carried plan stays a tensor there: a fake tensor has no values).
+    fake_unpack: List[str] = dataclasses.field(default_factory=list)
 
 
 def _parameters(signature: inspect.Signature, what: str):
@@ -75,15 +77,17 @@ def getter_argument(name: str) -> str:
     return f"getter_{name}"
 
 
-def plan(name: str, function: str, signature: inspect.Signature, mutates, getter_signature=None) -> Op:
-    """The op for a function with ``signature`` (and, when nested, its getter's); raises NotExpressible."""
-    pieces, pack, unpack, checks = [], [], [], []
+def plan(name: str, function: str, signature: inspect.Signature, mutates, getter_signature=None, carried=()) -> Op:
+    """The op for a function with ``signature`` (and, when nested, its getter's); raises NotExpressible.
+    ``carried``: the parameters (int lists) the op takes as a tensor, ``rules.PLAN_TENSOR``."""
+    pieces, pack, unpack, checks, fake_unpack = [], [], [], [], []
     if getter_signature is not None:
         for parameter in _parameters(getter_signature, "its getter"):
             pieces.append(Piece(getter_argument(parameter.name), parameter.annotation))
             pack.append(getter_argument(parameter.name))
     for parameter in _parameters(signature, function):
-        adapter = rules.adapter_for(parameter.annotation)
+        carry = parameter.name in carried
+        adapter = rules.PLAN_TENSOR if carry else rules.adapter_for(parameter.annotation)
         if adapter is None:
             pieces.append(Piece(parameter.name, parameter.annotation))
             pack.append(parameter.name)
@@ -94,6 +98,8 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         if adapter.pack:
             pack.append(adapter.pack.format(n=parameter.name))
         unpack.append(f"{parameter.name} = " + adapter.unpack.format(n=parameter.name))
+        if not carry:
+            fake_unpack.append(unpack[-1])
         if adapter.check:
             checks.append(adapter.check.format(n=parameter.name, function=function))
     names = [piece.name for piece in pieces]
@@ -110,7 +116,7 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         # An op that returns nothing and writes nothing is dead code to torch.compile: the call would vanish.
         raise NotExpressible(f"{function} returns None and declares no mutated argument")
     schema = _infer(pieces, return_annotation, mutates or ())
-    return Op(name, schema, pieces, signature, getter_signature, return_adapter, pack, unpack, checks)
+    return Op(name, schema, pieces, signature, getter_signature, return_adapter, pack, unpack, checks, fake_unpack)
 
 
 def _infer(pieces: List[Piece], return_annotation, mutates) -> str:
@@ -153,7 +159,7 @@ def caller_source(op: Op, index: int, namespace: dict, indent: str = "") -> str:
 
 def _kernel_source(op: Op, index: int, target: str, role: str, keywords: Optional[List[str]] = None) -> str:
     lines = [f"def _{role}_{index}({', '.join(p.name for p in op.pieces)}):"]
-    lines += [f"    {line}" for line in op.unpack]
+    lines += [f"    {line}" for line in (op.fake_unpack if role == "fake" else op.unpack)]
     arguments = _call_arguments(op.signature) if keywords is None else ", ".join(f"{k}={k}" for k in keywords)
     result = f"{target}({arguments})"
     if op.return_adapter is not None:

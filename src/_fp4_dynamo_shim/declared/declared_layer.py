@@ -7,9 +7,10 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
   which a FlashInfer build that turns its decorators on (a fork's ``FLASHINFER_USE_TORCH_CUSTOM_OPS=1``, PR
   #2734) would define itself, in a getter that runs after the shim applied, and fail on. A name FlashInfer
   did register is left alone.
-* Eager calls are FlashInfer's own: nothing is rebound. Dynamo is told, through ``polyfill``, to trace the
+* Eager calls are FlashInfer's own: no function is rebound. Dynamo is told, through ``polyfill``, to trace the
   generated caller instead of FlashInfer's function (or instead of the getter whose namespace holds it), so
-  FlashInfer's eager cost is unchanged and no dispatcher is on the eager path.
+  FlashInfer's eager cost is unchanged and no dispatcher is on the eager path. The batch attention wrappers'
+  classes get a ``_plan_info`` property (``wrappers``): the one addition, for the plan their run reads.
 * All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
   program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
 * The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` picks which declarations: what SGLang's traced paths call raw
@@ -33,6 +34,7 @@ from . import build
 from . import rules
 from . import polyfill
 from . import proven
+from . import wrappers
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
 from .. import switches
@@ -156,6 +158,7 @@ def _register(layer: Layer) -> None:
                         outcome.fail(error, f"{getter}'s polyfill: ")
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
+            wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])
             _install_polyfills(layer)
     except BaseException:
         revert(layer)

@@ -204,11 +204,24 @@ def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
 #: ``run`` reaches the module ``plan()`` cached: a getter polyfill never sees it.
 ATTENTION_TRACED = ("single_decode", "single_prefill")
 
+#: The stateful wrappers (entry point -> module, class) whose ``run`` reaches the module ``plan()`` cached on the
+#: wrapper: ``declared/wrappers.py`` polyfills that module's run functions once ``plan()`` has built it, and carries
+#: the plan's int list (``plan_info_vec``, the table's ``l`` kind) to the op as a CPU int64 tensor, so that a new plan
+#: is a new argument, not a guard. Only rows with an fa2/fa3 binding: trtllm-gen's module has no run checked here.
+ATTENTION_WRAPPED = {
+    "batch_decode_paged": ("flashinfer.decode", "BatchDecodeWithPagedKVCacheWrapper"),
+    "batch_prefill_paged": ("flashinfer.prefill", "BatchPrefillWithPagedKVCacheWrapper"),
+    "batch_prefill_ragged": ("flashinfer.prefill", "BatchPrefillWithRaggedKVCacheWrapper"),
+}
+
 
 def _attention_row(release: Optional[str], getter: str, run: str) -> Optional[dict]:
     for key in attention_table.RELEASES.get(release, ()):
         row = attention_table.ROWS[key]
-        if row["getter"] == getter and row["run"] == run and set(row["entry_points"]) & set(ATTENTION_TRACED):
+        if row["getter"] != getter or row["run"] != run:
+            continue
+        if set(row["entry_points"]) & set(ATTENTION_TRACED) or (
+                set(row["entry_points"]) & set(ATTENTION_WRAPPED) and row["backends"]):
             return row
     return None
 
@@ -228,3 +241,23 @@ def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[st
     """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
     row = _attention_row(release, getter, run)
     return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":w"))
+
+
+def attention_carried(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
+    """The int lists ``run`` takes (the plan's ``plan_info_vec``), which the op carries as a tensor (PLAN_TENSOR)."""
+    row = _attention_row(release, getter, run)
+    return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":l"))
+
+
+#: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
+#: values, so a new plan of the same length is a new argument, not a recompile. The wrappers' plan leaves that tensor
+#: (``declared/wrappers.py``); any other list is made one while tracing (its values then are constants). The fake
+#: keeps the tensor: FlashInfer's fakes of these run functions do not read it.
+PLAN_TENSOR = Adapter("int list carried as a tensor", (("", torch.Tensor),), "_plan_tensor({n})", "{n}.tolist()")
+
+
+def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
+    """The getters whose modules ``entry_point``'s wrapper caches in plan() and whose rows the layer builds from."""
+    return {attention_table.ROWS[key]["getter"] for key in attention_table.RELEASES.get(release, ())
+            if entry_point in attention_table.ROWS[key]["entry_points"] and _attention_row(
+                release, attention_table.ROWS[key]["getter"], attention_table.ROWS[key]["run"]) is not None}

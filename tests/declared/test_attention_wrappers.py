@@ -1,0 +1,375 @@
+"""FlashInfer's batch decode wrapper's ``run`` as the shim's op under ``FP4_DYNAMO_SHIM_FLASHINFER_OPS=all``, on CPU.
+
+``plan()`` runs eagerly, outside the compiled function, as FlashInfer's; ``run()`` is compiled. The module plan() built
+reaches the op through the getter's polyfill for its arguments, and the plan's int list reaches it as a tensor, so a
+new plan is a new argument, not a guard (``declared/wrappers.py``).
+
+Stand-ins, because the kernels need a GPU, each named where used: the JIT module FlashInfer builds
+(``gen_batch_decode_module`` returns a spec whose ``build_and_load`` gives a CPU module: ``plan`` returns a plan
+vector holding the batch size and the page count, ``run`` computes paged attention with the default scale from the
+pages, reads its batch size from the plan vector it is given (a plan baked into the graph would fail there), writes
+``o``, ``lse`` and both workspaces, and is opaque to Dynamo as FlashInfer's C++ function is); the pinned host buffer
+the wrapper allocates is an ordinary one (CPU torch has no pinned memory). Everything between is FlashInfer's and
+the shim's real code. Limits: the stand-in reads none of the scalars (soft cap, scales, window); the GPU run
+(tests/gpu/test_gpu_attention.py) holds the values.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+
+import flashinfer
+import flashinfer.decode
+import flashinfer.prefill
+import pytest
+import torch
+import torch._dynamo
+import torch._dynamo.testing
+
+import fp4_dynamo_shim
+from _fp4_dynamo_shim.declared import declared_layer
+from helpers import apply_with
+
+DECODE = "flashinfer.decode.get_batch_decode_module.run_batch_decode"
+HEADS, KV_HEADS, DIM, PAGE = 4, 2, 64, 4
+
+
+def _checked(plan_info, calls) -> list:
+    """The plan vector as FlashInfer's C++ binding takes it (ints, not a tensor), recorded with whether the call came
+    through one of the shim's op kernels."""
+    if not all(type(value) is int for value in plan_info):
+        raise TypeError(f"plan_info_vec must hold ints, got {plan_info!r}")
+    frame, through_op = sys._getframe(2), False
+    while frame is not None:
+        through_op |= frame.f_code.co_name.startswith("_kernel_")
+        frame = frame.f_back
+    calls.append((through_op, list(plan_info)))
+    return list(plan_info)
+
+
+def _attend(q, keys, values, o, lse, row):
+    """Rows ``row`` of ``o``/``lse``: softmax(q k^T / sqrt(d)) v over all of the request's keys (no mask)."""
+    keys, values = (t.float().repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (keys, values))
+    scores = torch.einsum("nhd,khd->nhk", q[row].float(), keys) / math.sqrt(q.shape[-1])
+    o[row] = torch.einsum("nhk,khd->nhd", scores.softmax(-1), values).to(o.dtype)
+    if lse is not None:
+        lse[row] = scores.logsumexp(-1)
+
+
+def _pages(cache, indices, indptr, last, b):
+    pages = indices[indptr[b]:indptr[b + 1]]
+    length = (len(pages) - 1) * cache.shape[1] + int(last[b])
+    return cache[pages].reshape(-1, *cache.shape[2:])[:length]
+
+
+class StandInModule:
+    """Stands in for a built batch attention JIT module (module docstring): ``plan`` returns [batch, rows, ...];
+    each run checks that q holds the planned rows, attends, and writes both workspaces."""
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def plan(self, float_workspace, int_workspace, pinned, indptr_host, *rest):
+        if isinstance(rest[0], int):  # batch decode: (indptr, batch_size, ...)
+            return [rest[0], int(indptr_host[-1]), 3, 0, 1]
+        return [int(rest[3]), int(rest[2]), 5, 0]  # prefill: (qo_indptr, kv_indptr, kv_lens, rows, batch, ...)
+
+    def _workspaces(self, plan, float_workspace, int_workspace):
+        int_workspace[:8].fill_(plan[0])
+        float_workspace[:8].fill_(plan[1])
+
+    @torch._dynamo.disable  # FlashInfer's C++ run: Dynamo cannot trace it
+    def run(self, float_workspace, int_workspace, plan_info, q, k, v, indptr, indices, last, o, lse, *scalars):
+        plan = _checked(plan_info, self.calls)
+        if q.shape[0] != plan[0]:
+            raise RuntimeError(f"plan for {plan[0]} requests, q holds {q.shape[0]}")
+        for b in range(plan[0]):
+            keys, values = (_pages(cache, indices, indptr, last, b) for cache in (k, v))
+            _attend(q, keys, values, o, lse, slice(b, b + 1))
+        self._workspaces(plan, float_workspace, int_workspace)
+
+    @torch._dynamo.disable
+    def paged_run(self, float_workspace, int_workspace, plan_info, q, k, v, qo_indptr, indptr, indices, last, o,
+                  lse, *scalars):
+        plan = _checked(plan_info, self.calls)
+        if q.shape[0] != plan[1]:
+            raise RuntimeError(f"plan for {plan[1]} rows, q holds {q.shape[0]}")
+        for b in range(plan[0]):
+            _attend(q, _pages(k, indices, indptr, last, b), _pages(v, indices, indptr, last, b), o, lse,
+                    slice(int(qo_indptr[b]), int(qo_indptr[b + 1])))
+        self._workspaces(plan, float_workspace, int_workspace)
+
+    @torch._dynamo.disable
+    def ragged_run(self, float_workspace, int_workspace, plan_info, q, k, v, qo_indptr, kv_indptr, o, lse, *scalars):
+        plan = _checked(plan_info, self.calls)
+        if q.shape[0] != plan[1]:
+            raise RuntimeError(f"plan for {plan[1]} rows, q holds {q.shape[0]}")
+        for b in range(plan[0]):
+            keys = slice(int(kv_indptr[b]), int(kv_indptr[b + 1]))
+            _attend(q, k[keys], v[keys], o, lse, slice(int(qo_indptr[b]), int(qo_indptr[b + 1])))
+        self._workspaces(plan, float_workspace, int_workspace)
+
+
+class _Spec:
+    def __init__(self, module):
+        self.module = module
+
+    def build_and_load(self):
+        return self.module
+
+
+def _clear_getters():
+    flashinfer.decode.get_batch_decode_module.cache_clear()
+    flashinfer.prefill.get_batch_prefill_module.cache_clear()
+
+
+@pytest.fixture(scope="module")
+def attention():
+    """Every declared op on (gate ``all``), with the stand-in JIT modules; yields the stand-ins' call record."""
+    calls: list = []
+    with pytest.MonkeyPatch.context() as patch:
+        status = apply_with(patch, FLASHINFER_OPS="all")
+        assert status["applied"], status["problem"]
+        spec = lambda *a: _Spec(StandInModule(calls))  # noqa: E731
+        patch.setattr(flashinfer.decode, "gen_batch_decode_module", spec)
+        for name in ("_gen_batch_prefill_primary_module", "_gen_batch_prefill_independent_paged_module",
+                     "gen_batch_prefill_module"):  # the first two are 0.7.x's
+            if hasattr(flashinfer.prefill, name):
+                patch.setattr(flashinfer.prefill, name, spec)
+        _clear_getters()
+        yield {"calls": calls, "status": status["flashinfer_ops"]}
+        _clear_getters()
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()
+
+
+def _wrapper(kind: str = "decode", use_cuda_graph: bool = False, batch: int = 4, max_pages: int = 64):
+    """FlashInfer's wrapper on CPU (its pinned host buffer an ordinary one: module docstring)."""
+    empty = torch.empty
+    buffers = {}
+    if use_cuda_graph:
+        buffers = {"paged_kv_indptr_buffer": torch.zeros(batch + 1, dtype=torch.int32),
+                   "paged_kv_indices_buffer": torch.zeros(max_pages, dtype=torch.int32),
+                   "paged_kv_last_page_len_buffer": torch.zeros(batch, dtype=torch.int32)}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
+        return CASES[kind].wrapper(torch.zeros(1 << 16, dtype=torch.uint8), "NHD", use_cuda_graph=use_cuda_graph,
+                                   backend="fa2", **buffers, **CASES[kind].options)
+
+
+def _plan(wrapper, pages_per_request, last_page_len=3, rows=None):
+    """plan() for requests holding these numbers of pages (page ids in order; a prefill request has ``rows`` of q
+    rows, 1 + its index by default), eagerly, as a serving loop does."""
+    batch = len(pages_per_request)
+    indptr = torch.tensor([0, *pages_per_request], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    qo_indptr = torch.tensor([0, *(rows or range(1, batch + 1))], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    indices = torch.arange(int(indptr[-1]), dtype=torch.int32)
+    last = torch.full((batch,), last_page_len, dtype=torch.int32)
+    dtypes = {"q_data_type": torch.float16, "kv_data_type": torch.float16}
+    if isinstance(wrapper, flashinfer.BatchDecodeWithPagedKVCacheWrapper):
+        wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, **dtypes)
+    elif isinstance(wrapper, flashinfer.BatchPrefillWithPagedKVCacheWrapper):
+        wrapper.plan(qo_indptr, indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, causal=True, **dtypes)
+    else:  # ragged: request b holds pages * PAGE keys
+        wrapper.plan(qo_indptr, indptr * PAGE, HEADS, KV_HEADS, DIM, causal=True, **dtypes)
+    return int(qo_indptr[-1]) if not isinstance(wrapper, flashinfer.BatchDecodeWithPagedKVCacheWrapper) else batch
+
+
+class Case:
+    def __init__(self, key, wrapper, run, **options):
+        self.key, self.wrapper, self.run, self.options = key, wrapper, run, options
+
+
+CASES = {
+    "decode": Case(DECODE, flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+                   lambda w, q, cache, **k: w.run(q, cache, **k)),
+    "decode_tensor_cores": Case("flashinfer.prefill.get_batch_prefill_module.paged_run",
+                                flashinfer.BatchDecodeWithPagedKVCacheWrapper,
+                                lambda w, q, cache, **k: w.run(q, cache, **k), use_tensor_cores=True),
+    "prefill_paged": Case("flashinfer.prefill.get_batch_prefill_module.paged_run",
+                          flashinfer.BatchPrefillWithPagedKVCacheWrapper,
+                          lambda w, q, cache, **k: w.run(q, cache, **k)),
+    "prefill_ragged": Case("flashinfer.prefill.get_batch_prefill_module.ragged_run",
+                           flashinfer.BatchPrefillWithRaggedKVCacheWrapper,
+                           lambda w, q, cache, **k: w.run(q, *(c.flatten(0, 1) for c in cache), **k)),
+}
+
+
+def _cache(pages: int = 64, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(pages, PAGE, KV_HEADS, DIM, dtype=torch.float16, generator=generator) for _ in range(2))
+
+
+def _query(rows: int, seed: int = 1):
+    return torch.randn(rows, HEADS, DIM, dtype=torch.float16, generator=torch.Generator().manual_seed(seed))
+
+
+def _op_name(attention, kind: str = "decode") -> str:
+    return attention["status"]["registered"][CASES[kind].key].split("::")[1]
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_wrapper_run_traces_to_its_op_with_no_graph_break(attention, kind):
+    wrapper, cache = _wrapper(kind), _cache()
+    rows = _plan(wrapper, [2, 3, 1])
+    torch._dynamo.reset()
+    backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch.compile(lambda q: CASES[kind].run(wrapper, q, cache, return_lse=True), fullgraph=True,
+                  backend=backend)(_query(rows))
+    targets = [str(node.target) for graph in backend.graphs for node in graph.graph.nodes
+               if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)]
+    assert targets == [f"{declared_layer.NAMESPACE}.{_op_name(attention, kind)}.default"]
+    owner = CASES[kind].wrapper
+    assert f"{owner.__module__}.{owner.__name__}._plan_info" in attention["status"]["helpers"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("kind", CASES)
+def test_compiled_run_equals_eager_bit_for_bit_with_its_in_place_writes(attention, kind, backend):
+    """Outputs, the caller's ``out``/``lse`` buffers and both workspaces: a write the schema left out, or a plan
+    read from the wrong place, would differ here."""
+    wrapper, cache = _wrapper(kind), _cache()
+    rows = _plan(wrapper, [2, 3, 1, 4])
+    q = _query(rows)
+
+    def call(q, out, lse):
+        return CASES[kind].run(wrapper, q, cache, out=out, lse=lse, return_lse=True)
+
+    results = []
+    for compiled in (False, True):
+        wrapper._float_workspace_buffer.zero_()
+        wrapper._int_workspace_buffer.zero_()
+        attention["calls"].clear()
+        out, lse = torch.full_like(q, -1), torch.full((rows, HEADS), -1.0)
+        torch._dynamo.reset()
+        function = torch.compile(call, fullgraph=True, backend=backend) if compiled else call
+        returned = function(q, out, lse)
+        assert attention["calls"] == [(compiled, list(wrapper._plan_info))]  # eager: FlashInfer's own call, no op
+        results.append((*returned, out, lse, wrapper._float_workspace_buffer.clone(),
+                        wrapper._int_workspace_buffer.clone()))
+    for eager, compiled in zip(*results):
+        assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
+        assert torch.equal(compiled, eager)
+
+
+def _steps(kind, wrapper, compiled, cache, batches, rng):
+    """Plan eagerly, run compiled and eagerly, for each batch (pages per request); every step equal."""
+    for step, pages in enumerate(batches):
+        rows = _plan(wrapper, pages, last_page_len=1 + step % PAGE, rows=[rng.randint(2, 5) for _ in pages])
+        q = _query(rows, seed=step)
+        out, lse = compiled(q)
+        eager_out, eager_lse = CASES[kind].run(wrapper, q, cache, return_lse=True)
+        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_twenty_steps_with_changing_batches_recompile_only_while_dynamic_shapes_settle(attention, kind):
+    """Batch composition and sequence lengths change every step. The plan vector is an argument: no recompile
+    for its values. One recompile is Dynamo's automatic dynamic shapes taking the batch dimension (q and the index
+    buffers plan() reallocates; sizes stay >= 2 here, as Dynamo specialises 0 and 1). The paged prefill run also
+    passes plan state FlashInfer keeps as Python ints (``_max_q_len``, ``_max_kv_len``, ``_batch_size``: arguments
+    of trtllm-gen's kernel, which fa2 ignores): each is a guard until its first change makes it dynamic, one more
+    recompile here."""
+    wrapper, cache = _wrapper(kind), _cache()
+    rng = random.Random(0)
+    batches = [[rng.randint(2, 4) for _ in range(rng.randint(2, 9))] for _ in range(20)]
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: CASES[kind].run(wrapper, q, cache, return_lse=True), fullgraph=True,
+                             backend=counter)
+    _steps(kind, wrapper, compiled, cache, batches, rng)
+    assert counter.frame_count <= (3 if kind == "prefill_paged" else 2)
+
+
+def test_twenty_cuda_graph_decode_steps_with_changing_lengths_compile_once(attention):
+    """A ``use_cuda_graph=True`` decode wrapper keeps its buffers; plan() rewrites them and the plan vector: 0
+    recompilations while the requests' lengths change."""
+    wrapper, cache = _wrapper(use_cuda_graph=True, batch=4), _cache()
+    attention["calls"].clear()
+    rng = random.Random(1)
+    batches = [[rng.randint(1, 12) for _ in range(4)] for _ in range(20)]
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=counter)
+    _steps("decode", wrapper, compiled, cache, batches, rng)
+    assert counter.frame_count == 1
+    assert len({tuple(plan) for _, plan in attention["calls"]}) > 10  # the plans did change
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_opcheck_holds_each_wrapper_op_with_the_stand_in_kernel(attention, kind):
+    """torch.library.opcheck runs the op (FlashInfer's run on the stand-in module, the plan as a tensor) and checks
+    its schema's write claims (both workspaces, o, lse), its fake and its registration."""
+    wrapper, cache = _wrapper(kind), _cache()
+    rows = _plan(wrapper, [2, 3])
+    op = getattr(getattr(torch.ops, declared_layer.NAMESPACE), _op_name(attention, kind)).default
+    q = _query(rows)
+    keys, values = (c.flatten(0, 1) for c in cache) if kind == "prefill_ragged" else cache
+    buffers = {name.lstrip("_").removesuffix("_buf"): getattr(wrapper, name)
+               for name in vars(wrapper) if name.endswith(("_buf", "_buffer")) and isinstance(getattr(wrapper, name),
+                                                                                            torch.Tensor)}
+    values = {**buffers, "plan_info_vec": torch.tensor(wrapper._plan_info, dtype=torch.int64), "q": q,
+              "paged_k_cache": keys, "paged_v_cache": values, "k": keys, "v": values, "o": torch.empty_like(q),
+              "maybe_lse": torch.empty(rows, HEADS),
+              "backend": "fa2", "dtype_q": torch.float16, "dtype_kv": torch.float16, "dtype_o": torch.float16,
+              "dtype_idx": torch.int32, "head_dim_qk": DIM, "head_dim_vo": DIM, "window_left": -1,
+              "sm_scale": 0.125, "rope_scale": 1.0, "rope_theta": 1e4}
+    arguments = [values.get(a.name.removeprefix("getter_"), None if isinstance(a.type, torch.OptionalType) else
+                            {"bool": False, "float": 0.0}.get(str(a.type), 0)) for a in op._schema.arguments]
+    torch.library.opcheck(op, arguments)
+
+
+@pytest.mark.parametrize("kind", CASES)
+def test_a_wrong_out_buffer_raises_flashinfers_error_eager_and_compiled(attention, kind):
+    """FlashInfer's own check runs before the op, in the traced code: compiled code raises its ValueError as eager
+    does. Under fullgraph=True Dynamo (torch 2.13) reports any exception a traced callee raises as Unsupported, with
+    FlashInfer's message: the class is torch's choice there, for every FlashInfer function alike."""
+    wrapper, cache = _wrapper(kind), _cache()
+    rows = _plan(wrapper, [2, 2])
+    q, wrong = _query(rows), torch.empty(rows, HEADS, DIM, dtype=torch.float32)
+    call = lambda q: CASES[kind].run(wrapper, q, cache, out=wrong)  # noqa: E731
+    torch._dynamo.reset()
+    for function in (call, torch.compile(call, backend="aot_eager")):
+        with pytest.raises(ValueError, match="out"):
+            function(q)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="out"):
+        torch.compile(call, fullgraph=True, backend="aot_eager")(q)
+
+
+def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the_shim(attention):
+    wrapper, cache = _wrapper(), _cache()
+    _plan(wrapper, [2, 2])
+    fp4_dynamo_shim.revert()
+    try:
+        assert not any("_plan_info" in vars(case.wrapper) for case in CASES.values())
+        _plan(wrapper, [3, 1])
+        assert wrapper._plan_info == [2, 4, 3, 0, 1]  # FlashInfer's own attribute again
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported):
+            torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+    finally:
+        assert fp4_dynamo_shim.apply()  # under the fixture's gate, for the tests after this one
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="call plan"):  # a plan stored while reverted
+        torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+    _plan(wrapper, [3, 1])
+    torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
+
+
+def test_a_wrapper_never_planned_has_no_plan_as_without_the_shim(attention):
+    """FlashInfer's decode wrapper sets no ``_plan_info`` before plan(), and reads it with ``getattr(..., None)``:
+    the property answers as a missing attribute does."""
+    wrapper = _wrapper()
+    assert getattr(wrapper, "_plan_info", "absent") == "absent"
+    with pytest.raises(AttributeError, match="'BatchDecodeWithPagedKVCacheWrapper' object has no attribute '_plan_info'"):
+        wrapper._plan_info
+
+
+def test_under_the_default_gate_the_wrapper_does_not_trace_until_a_gpu_run_proves_it(monkeypatch):
+    status = apply_with(monkeypatch, FLASHINFER_OPS=None)
+    assert status["applied"], status["problem"]
+    assert not {case.key for case in CASES.values()} & set(status["flashinfer_ops"]["registered"])
+    assert not any("_plan_info" in vars(case.wrapper) for case in CASES.values())
