@@ -62,6 +62,7 @@ def test_unset_or_blank_becomes_1_and_the_user_environment_has_none(exporting, s
     said, exported = exporting(value)
     assert (said, exported) == ([], "1")
     assert switches.HOOK not in export.user_environment()
+    assert fp4_dynamo_shim.status()["children"] == {switches.HOOK: "1", "exported_by_import": True}
 
 
 @pytest.mark.parametrize("value", ["1", " TRUE ", "On"])
@@ -70,6 +71,7 @@ def test_a_value_the_hook_understands_is_left_as_the_user_wrote_it(exporting, si
     said, exported = exporting(value)
     assert (said, exported) == ([], value)
     assert export.user_environment()[switches.HOOK] == value
+    assert fp4_dynamo_shim.status()["children"] == {switches.HOOK: value, "exported_by_import": False}
 
 
 def test_a_value_the_hook_does_not_understand_is_replaced_and_named(exporting, sites, monkeypatch):
