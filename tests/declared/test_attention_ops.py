@@ -30,6 +30,7 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
 from _fp4_dynamo_shim.verify import checks
 from helpers import apply_with
+from stand_in_gpu import RecordingSpec
 
 DECODE = "flashinfer.decode.get_single_decode_module.run_single_decode"
 PREFILL = "flashinfer.prefill.get_single_prefill_module.run_single_prefill"
@@ -60,14 +61,6 @@ class StandInModule:
         tmp.fill_(7)
 
 
-class _Spec:
-    def __init__(self, module):
-        self.module = module
-
-    def build_and_load(self):
-        return self.module
-
-
 def _clear_getters():
     flashinfer.decode.get_single_decode_module.cache_clear()
     flashinfer.prefill.get_single_prefill_module.cache_clear()
@@ -81,9 +74,9 @@ def attention():
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
         patch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))  # stand-in: no GPU to ask (module docstring)
-        patch.setattr(flashinfer.decode, "gen_single_decode_module", lambda *a: _Spec(StandInModule(calls, True)))
+        patch.setattr(flashinfer.decode, "gen_single_decode_module", lambda *a: RecordingSpec(StandInModule(calls, True)))
         patch.setattr(flashinfer.prefill, "gen_single_prefill_module",
-                      lambda *a: _Spec(StandInModule(calls, False)))
+                      lambda *a: RecordingSpec(StandInModule(calls, False)))
         _clear_getters()
         yield {"calls": calls, "status": status["flashinfer_ops"]}
         _clear_getters()

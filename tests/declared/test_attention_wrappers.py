@@ -31,6 +31,7 @@ import torch._dynamo.testing
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
 from helpers import apply_with
+from stand_in_gpu import RecordingSpec
 
 DECODE = "flashinfer.decode.get_batch_decode_module.run_batch_decode"
 HEADS, KV_HEADS, DIM, PAGE = 4, 2, 64, 4
@@ -112,14 +113,6 @@ class StandInModule:
         self._workspaces(plan, float_workspace, int_workspace)
 
 
-class _Spec:
-    def __init__(self, module):
-        self.module = module
-
-    def build_and_load(self):
-        return self.module
-
-
 def _clear_getters():
     flashinfer.decode.get_batch_decode_module.cache_clear()
     flashinfer.prefill.get_batch_prefill_module.cache_clear()
@@ -132,7 +125,7 @@ def attention():
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
-        spec = lambda *a: _Spec(StandInModule(calls))  # noqa: E731
+        spec = lambda *a: RecordingSpec(StandInModule(calls))  # noqa: E731
         patch.setattr(flashinfer.decode, "gen_batch_decode_module", spec)
         for name in ("_gen_batch_prefill_primary_module", "_gen_batch_prefill_independent_paged_module",
                      "gen_batch_prefill_module"):  # the first two are 0.7.x's
