@@ -30,7 +30,7 @@ if "MUTANT_UNDER_TEST" in os.environ:  # mutmut's run (tools/mutation/run_mutmut
 
     mutmut_support.install()
 
-# Property tests (tests/fp4/test_properties.py): fixed examples everywhere; "ci" bounds their number, "long" is
+# Property tests (tests/fp4/test_properties.py, test_family_matches_the_oracle.py): fixed examples everywhere; "ci" bounds their number, "long" is
 # the documented longer run (docs/testing.md). --hypothesis-profile=long picks it.
 hypothesis.settings.register_profile("ci", max_examples=12, derandomize=True, deadline=None, database=None,
                                      print_blob=True, suppress_health_check=list(hypothesis.HealthCheck))
