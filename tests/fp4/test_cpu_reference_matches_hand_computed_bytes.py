@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import fp4_oracle
+import fp4_oracle_modes
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import reference
 from nvfp4_inputs import nvfp4_input
@@ -148,8 +149,8 @@ def test_blocks_far_apart_in_magnitude_get_each_its_own_scale_as_the_kernel_comp
     """Each block's scale is ``e4m3(g * (amax / 6))`` and its output scale ``rcp(scale * rcp(g))`` (fast math
     off: ``amax * (g / 6)`` and ``1 / (scale * (1 / g))``), in that order and with every flush: the same value
     reached in another order differs where one block of a row lies far from the others or from the global scale."""
-    release = fp4_oracle.release_of(flashinfer.__version__)
-    switches = fp4_oracle.FAST_MATH_SWITCHES[release]
+    release = fp4_oracle_modes.release_of(flashinfer.__version__)
+    switches = fp4_oracle_modes.FAST_MATH_SWITCHES[release]
     if fast_math_off and not switches:
         pytest.skip(f"FlashInfer {flashinfer.__version__}'s kernel has no fast-math switch")
     for name in switches:
@@ -160,6 +161,6 @@ def test_blocks_far_apart_in_magnitude_get_each_its_own_scale_as_the_kernel_comp
     g = GLOBAL_SCALES[scale] or 448.0 * 6.0 / x.float().abs().amax().item()
     packed, scales = flashinfer.fp4_quantize(x, torch.tensor([g], dtype=torch.float32), is_sf_swizzled_layout=False)
     want_packed, want_scales = fp4_oracle.quantize(x.float().tolist(), [g], 16, False,
-                                                   mode=fp4_oracle.Mode(fast_math=not fast_math_off), release=release)
+                                                   mode=fp4_oracle_modes.Mode(fast_math=not fast_math_off), release=release)
     assert scales.reshape(x.shape[0], -1).tolist() == want_scales
     assert packed.tolist() == want_packed

@@ -13,11 +13,12 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import fp4_oracle
+import fp4_oracle_modes
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim.fp4 import reference
 from fp4_strategies import float32, global_scales, matrices
 
-INSTALLED = fp4_oracle.release_of(lifecycle.flashinfer_version())
+INSTALLED = fp4_oracle_modes.release_of(lifecycle.flashinfer_version())
 
 
 def _same_meta_under_fake_mode(op, arguments):

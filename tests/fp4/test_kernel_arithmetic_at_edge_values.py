@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import fp4_oracle
+import fp4_oracle_modes
 from nvfp4_inputs import row_of
 from _fp4_dynamo_shim.fp4 import reference
 from _fp4_dynamo_shim.fp4 import fp4_releases
@@ -32,7 +33,7 @@ def test_fast_math_off_caps_a_nan_output_scale_at_flt_max():
     packed, sf = reference.quantize(x, torch.tensor([3.0]), 16, False, recipe=fast_off)
     assert sf.tolist() == [[0x7F]] and packed.tolist() == [[0x77] + [0x70] * 7]
     assert (packed.tolist(), sf.tolist()) == fp4_oracle.quantize(x.float().tolist(), [3.0], 16, False,
-                                                                mode=fp4_oracle.Mode(fast_math=False), release="0.6.12")
+                                                                mode=fp4_oracle_modes.Mode(fast_math=False), release="0.6.12")
 
 
 @pytest.mark.parametrize("fast_math", [True, False])
@@ -58,7 +59,7 @@ def test_0_6_12_fast_math_off_four_over_six_multiplies_amax_by_g_over_six():
     # next to an e4m3 midpoint: amax 6.40625, g = 14.517072677612305 gives byte 87 (0.6.12), 88 (0.6.13).
     x = row_of({0: 6.40625})
     g = torch.tensor([14.517072677612305])
-    mode = fp4_oracle.Mode(fast_math=False, four_over_six=True)
+    mode = fp4_oracle_modes.Mode(fast_math=False, four_over_six=True)
     for release, byte in (("0.6.12", 87), ("0.6.13", 88)):
         arithmetic = fp4_releases.target_for(release).arithmetic  # the row's formula column decides
         _, sf = reference.quantize(x, g, 16, False, recipe=Recipe(arithmetic, False, FourOverSix()))
@@ -74,7 +75,7 @@ def test_0_6_12_fast_mse_accumulates_with_fused_multiply_adds():
     x = torch.tensor([values]).to(torch.bfloat16)
     _, sf = reference.quantize(x, torch.tensor([1.7]), 16, False, recipe=Recipe(ROW_0_6_12, True, FourOverSix(True, True)))
     assert sf.tolist() == [[73]]
-    mode = fp4_oracle.Mode(True, True, mse=True, fast_error=True)
+    mode = fp4_oracle_modes.Mode(True, True, mse=True, fast_error=True)
     assert fp4_oracle.quantize([values], [1.7], 16, False, mode=mode, release="0.6.12")[1] == [[73]]
 
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import switches
 import fp4_oracle
+import fp4_oracle_modes
 from _fp4_dynamo_shim.fp4 import arithmetic
 from _fp4_dynamo_shim.fp4 import layout
 from _fp4_dynamo_shim.fp4 import devices
@@ -34,7 +35,7 @@ from helpers import apply_with, installed_target
 import stand_in_gpu
 from fp4_strategies import float32, global_scales, matrices
 
-INSTALLED = fp4_oracle.release_of(lifecycle.flashinfer_version())
+INSTALLED = fp4_oracle_modes.release_of(lifecycle.flashinfer_version())
 #: One version per range of releases whose kernel arithmetic differs (and the rows before any switch).
 ROW_VERSIONS = ("0.6.11", "0.6.12", "0.6.13", "0.7.1", "0.7.4")
 SWITCHES = ("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "FLASHINFER_NVFP4_4OVER6",
@@ -67,8 +68,8 @@ def expected_sf(scales, rows, sf_columns, swizzled, is_8x4):
 
 def oracle_mode(release, environ, code=None):
     if code is None or code == 0 and release not in ("0.7.1", "0.7.4"):
-        return fp4_oracle.mode_from_environment(release, environ)
-    return fp4_oracle.mode_from_code(release, code, environ)
+        return fp4_oracle_modes.mode_from_environment(release, environ)
+    return fp4_oracle_modes.mode_from_code(release, code, environ)
 
 
 # --- fp4_quantize of the installed release against the oracle ----------------------------------------------
@@ -114,7 +115,7 @@ def test_a_row_wise_global_scale_scales_each_row_by_its_own_value(data, g):
 @pytest.mark.parametrize("version", ROW_VERSIONS)
 @given(data=st.data(), g=global_scales, inversed=st.booleans())
 def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, data, g, inversed):
-    release = fp4_oracle.release_of(version)
+    release = fp4_oracle_modes.release_of(version)
     row_arithmetic = fp4_releases.target_for(version).arithmetic
     environ = data.draw(environments())
     code = None
@@ -131,7 +132,7 @@ def test_each_release_rows_reference_matches_the_oracle_in_every_mode(version, d
         return
     if fp8 or not nvfp4:  # only NVFP4 from 16-bit input has 4over6 (FlashInfer passes code 0 for the rest)
         assume(code in (None, 0, -1))
-        want_mode = fp4_oracle.Mode(want_mode.fast_math)
+        want_mode = fp4_oracle_modes.Mode(want_mode.fast_math)
         code = 0 if code is not None else None
     recipe = arithmetic.recipe(row_arithmetic, code or 0, environ)
     packed, sf = reference.quantize(x, torch.tensor([g]), 16 if nvfp4 else 32, not nvfp4, inversed, recipe=recipe)
@@ -160,7 +161,7 @@ def _battery_values(rng, blocks, size):
 def _battery_call(case):
     """(reference bytes, oracle bytes) of one call given as plain data (a battery entry, or one from
     tests/data/fp4_cases.json)."""
-    release, row_arithmetic = fp4_oracle.release_of(case["version"]), fp4_releases.target_for(case["version"]).arithmetic
+    release, row_arithmetic = fp4_oracle_modes.release_of(case["version"]), fp4_releases.target_for(case["version"]).arithmetic
     x = torch.tensor(case["values"], dtype=torch.float32).reshape(case["rows"], -1)
     dtype = getattr(torch, case["dtype"])
     x = (x.clamp(-448, 448) if dtype is torch.float8_e4m3fn else x).to(dtype)
@@ -171,7 +172,7 @@ def _battery_call(case):
     packed, sf = reference.quantize(x, None if g is None else torch.tensor([g], dtype=torch.float32), size,
                                     case["ue8m0"], case["inversed"], recipe=recipe)
     assert packed.dtype == sf.dtype == torch.uint8
-    mode = fp4_oracle.Mode(case["fast_math"], bool(setting), *(setting or (False, False)))
+    mode = fp4_oracle_modes.Mode(case["fast_math"], bool(setting), *(setting or (False, False)))
     want = fp4_oracle.quantize(x.float().tolist(), None if g is None else [g], size, case["ue8m0"],
                                dtype is torch.float8_e4m3fn, case["inversed"], mode, release)
     return (packed.tolist(), sf.tolist()), want
@@ -282,9 +283,9 @@ def test_the_reference_reads_the_kernels_switches_exactly_as_the_kernel(environ)
     # getBoolEnv: only the exact "1" is on; the error mode is upper-cased and must be MAE or MSE.
     for version in ROW_VERSIONS:
         row_arithmetic = fp4_releases.target_for(version).arithmetic
-        release = fp4_oracle.release_of(version)
+        release = fp4_oracle_modes.release_of(version)
         try:
-            want = fp4_oracle.mode_from_environment(release, environ)
+            want = fp4_oracle_modes.mode_from_environment(release, environ)
         except ValueError:
             with pytest.raises(ValueError):
                 arithmetic.recipe(row_arithmetic, -1 if row_arithmetic.four_over_six == "code" else 0, environ)
