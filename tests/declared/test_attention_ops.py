@@ -188,13 +188,18 @@ def test_status_lists_both_as_registered_under_all_with_no_reason_left(attention
     assert not set(OPS) & set(layer["not_registered"])
 
 
-def test_under_the_default_gate_neither_traces_until_a_gpu_run_proves_it(monkeypatch):
+def test_under_the_default_gate_each_is_an_op_only_where_the_releases_gpu_record_proves_it(monkeypatch):
     status = apply_with(monkeypatch, FLASHINFER_OPS=None)
     assert status["applied"], status["problem"]
-    assert not set(OPS) & set(status["flashinfer_ops"]["registered"])
-    q, k, v = _inputs("cpu", True)
-    with pytest.raises(torch._dynamo.exc.Unsupported):
-        torch.compile(CALLS["decode"][1], fullgraph=True, backend="aot_eager")(q, k, v)
+    layer = status["flashinfer_ops"]
+    proven = set((layer["proven"] or {}).get("functions", ()))
+    public = {DECODE: "decode.single_decode_with_kv_cache", PREFILL: "prefill.single_prefill_with_kv_cache"}
+    expected = {key for key, function in public.items() if function in proven}
+    assert set(OPS) & set(layer["registered"]) == expected
+    if DECODE not in expected:
+        q, k, v = _inputs("cpu", True)
+        with pytest.raises(torch._dynamo.exc.Unsupported):
+            torch.compile(CALLS["decode"][1], fullgraph=True, backend="aot_eager")(q, k, v)
 
 
 def test_bad_input_raises_flashinfers_error_naming_the_argument_eager_and_compiled(attention):
