@@ -27,8 +27,6 @@ class Context:
     row: str
     #: Parts of an untested release left as FlashInfer's -> why (empty on a tested release).
     left: dict
-    #: How the shim came to be applied: "import", "pth", "install-hook", "sitecustomize", "plugin", "apply()".
-    route: str
 
 
 class Record(Protocol):

@@ -153,7 +153,7 @@ def _apply(judgement: release_parts.Judgement, settings: Settings, route: str, l
     except Exception as error:  # e.g. 0.6.8-0.6.18 query the GPU at import and fail with a CPU-only torch
         raise ApplyError(f"importing flashinfer failed ({type(error).__name__}: {error})") from error
     _warn_left_parts(judgement)
-    context = Context(settings, judgement.version, judgement.row, left, route)
+    context = Context(settings, judgement.version, judgement.row, left)
     records, undo = [], UndoStack()
     try:
         for layer in layers:
