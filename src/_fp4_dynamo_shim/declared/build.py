@@ -236,9 +236,19 @@ def module_level(layer, registrar, declaration, module, outcome):
     outcome.register(op.name)
 
 
+def _cached_getter(module, facts: scan.Namespace):
+    """What the ops call to reach the namespace: the getter, or where it is not cached itself (0.7.4 builds the
+    trtllm MoE namespace from a JIT spec, ``_build_trtllm_moe_namespace(module)``) the one cached function that
+    returns it, so that a kernel call reuses the built module as FlashInfer's own calls do."""
+    found = module.__dict__.get(facts.getter)
+    if found is not None and not hasattr(found, "__wrapped__") and len(facts.built_by) == 1:
+        return module.__dict__.get(facts.built_by[0], found)
+    return found
+
+
 def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     """One polyfill for a getter: a namespace whose declared entries call the ops, the rest refuse."""
-    getter_object = module.__dict__.get(namespace_facts.getter)
+    getter_object = _cached_getter(module, namespace_facts)
     if getter_object is None or namespace_facts.problem:
         reason = namespace_facts.problem or f"{namespace_facts.getter} is not a module attribute"
         for _, outcome in members:
