@@ -141,6 +141,11 @@ _NO_GENERATOR = Adapter(
     "if {n} is not None: raise _NotExpressible('{function}: a torch.Generator cannot cross a custom op; under "
     "torch.compile pass seed/offset (or nothing) instead')")
 
+#: A list that may be None (0.7.4's trtllm fp4 MoE ``routing_metadata``): the schema has no optional list, and
+#: FlashInfer tests ``is not None``, so an empty list cannot stand for None: a flag says which it was.
+_TENSOR_LIST_OR_NONE = Adapter("optional tensor list", (("", typing.List[torch.Tensor]), ("__given", bool)),
+                               "[] if {n} is None else {n}, {n} is not None", "{n} if {n}__given else None")
+
 #: Annotation (as typing compares them: Union order does not matter) -> adapter.
 ADAPTERS = (
     (typing.Union[float, torch.Tensor], _TENSOR_OR),
@@ -149,6 +154,7 @@ ADAPTERS = (
     (typing.Optional[typing.Union[int, torch.Tensor]], _TENSOR_OR_INT),
     (typing.Optional[torch.Generator], _NO_GENERATOR),
     (torch.Generator, _NO_GENERATOR),
+    (typing.Optional[typing.List[torch.Tensor]], _TENSOR_LIST_OR_NONE),
 )
 
 
@@ -187,7 +193,31 @@ RETURN_ADAPTERS = (
 )
 
 
-def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
+#: How many tensors a list-returning op that writes in place returns (its list, padded): torch.compile cannot
+#: functionalize an op that both mutates and returns ``Tensor[]`` ("Not yet supported: List[Tensor] return",
+#: torch/_higher_order_ops/auto_functionalize.py), but it can one that returns a fixed number of tensors.
+#: FlashInfer's trtllm MoE ops return at most 4 (0.7.4's ``unpack_trtllm_moe_output``).
+LIST_RETURN_WIDTH = 8
+
+
+def _padded(result):
+    """A list of tensors as LIST_RETURN_WIDTH tensors, then one whose length is the list's (a shape, so the traced
+    caller reads it as a constant, under fake tensors too)."""
+    result = list(result)
+    if len(result) > LIST_RETURN_WIDTH:
+        raise ValueError(f"returned {len(result)} tensors; the op carries at most {LIST_RETURN_WIDTH}")
+    device = result[0].device if result else None
+    return (*result, *(torch.empty(0, device=device) for _ in range(LIST_RETURN_WIDTH - len(result))),
+            torch.empty(len(result), dtype=torch.uint8, device=device))
+
+
+_PADDED_LIST = ReturnAdapter(typing.Tuple[(torch.Tensor,) * (LIST_RETURN_WIDTH + 1)], _padded,
+                             "list(r[:r[-1].shape[0]])")
+
+
+def return_adapter_for(annotation, mutates=()) -> Optional[ReturnAdapter]:
+    if mutates and annotation == typing.List[torch.Tensor]:
+        return _PADDED_LIST
     return _lookup(RETURN_ADAPTERS, annotation)
 
 
