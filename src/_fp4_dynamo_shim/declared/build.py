@@ -129,8 +129,8 @@ def _fake(declaration: scan.Declaration, module, function):
 
     FlashInfer's fakes never ran (its decorators are no-ops), and some drifted from their functions: a fake
     whose parameters are a subset of the function's is called by keyword with those; one that names
-    parameters the function lacks is dropped where the function returns None (it needs no fake), and the
-    declaration is not registered otherwise.
+    parameters the function lacks is dropped where the function returns None (it needs no fake), replaced by
+    the shim's where ``rules.DERIVED_FAKES`` has one, and the declaration is not registered otherwise.
     """
     if declaration.fake is None:
         if _returns_none(function):
@@ -158,6 +158,9 @@ def _fake(declaration: scan.Declaration, module, function):
     stale = ", ".join(n for n in theirs if n not in own)
     if _returns_none(function):
         return None, None, f"none needed (returns None; FlashInfer's fake names parameters it lacks: {stale})"
+    derived = rules.DERIVED_FAKES.get((declaration.module, declaration.name))
+    if derived is not None:
+        return derived, own, f"derived by the shim (FlashInfer's names parameters the function lacks: {stale})"
     raise NotExpressible(f"FlashInfer's fake names parameters the function lacks ({stale})")
 
 
@@ -205,6 +208,9 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         own = signature(function)
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
+    bare = [value for value in declaration.return_values if value in own.parameters]
+    if bare and (declaration.returns or "").startswith("List["):  # 0.6.1-0.6.3's mxint4 MoE: `return output`
+        raise NotExpressible(f"returns its argument {bare[0]} as it is where it declares {declaration.returns}")
     mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
     op = codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature,
                                carried)

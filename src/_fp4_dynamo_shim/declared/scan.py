@@ -50,6 +50,8 @@ class Declaration:
     fake: Optional[Fake]
     #: For a def nested in a getter (one level): the getter's parameters.
     getter_parameters: Optional[str] = None
+    #: What its own ``return`` statements return, as written (a list annotation over ``return output`` is a fault).
+    return_values: Tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -244,6 +246,7 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
                     module, node.name, node.lineno, name, name_source, _mutates(marked[1]), scope,
                     ast.unparse(node.args), ast.unparse(node.returns) if node.returns is not None else None,
                     fakes.get(name_source), ast.unparse(enclosing.args) if getter else None,
+                    tuple(ast.unparse(r.value) for r in _walk_own(node) if isinstance(r, ast.Return) and r.value),
                 ))
         if getter and declared_here:
             namespaces.append(dataclasses.replace(_namespace(enclosing, module),
