@@ -232,7 +232,7 @@ def _padded(result):
         raise ValueError(f"returned {len(result)} tensors; the op carries at most {LIST_RETURN_WIDTH}")
     device = result[0].device if result else None
     return (*result, *(torch.empty(0, device=device) for _ in range(LIST_RETURN_WIDTH - len(result))),
-            torch.empty((1, 1) if bare else len(result), dtype=torch.uint8, device=device))
+            torch.zeros((1, 1) if bare else len(result), dtype=torch.uint8, device=device))
 
 
 _PADDED = typing.Tuple[(torch.Tensor,) * (LIST_RETURN_WIDTH + 1)]
