@@ -129,8 +129,8 @@ def _fake(declaration: scan.Declaration, module, function):
 
     FlashInfer's fakes never ran (its decorators are no-ops), and some drifted from their functions: a fake
     whose parameters are a subset of the function's is called by keyword with those; one that names
-    parameters the function lacks is dropped where the function returns None (it needs no fake), and the
-    declaration is not registered otherwise.
+    parameters the function lacks is dropped where the function returns None (it needs no fake), replaced by
+    the shim's where ``rules.DERIVED_FAKES`` has one, and the declaration is not registered otherwise.
     """
     if declaration.fake is None:
         if _returns_none(function):
@@ -158,6 +158,9 @@ def _fake(declaration: scan.Declaration, module, function):
     stale = ", ".join(n for n in theirs if n not in own)
     if _returns_none(function):
         return None, None, f"none needed (returns None; FlashInfer's fake names parameters it lacks: {stale})"
+    derived = rules.DERIVED_FAKES.get((declaration.module, declaration.name))
+    if derived is not None:
+        return derived, own, f"derived by the shim (FlashInfer's names parameters the function lacks: {stale})"
     raise NotExpressible(f"FlashInfer's fake names parameters the function lacks ({stale})")
 
 
@@ -205,6 +208,9 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         own = signature(function)
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
+    bare = [value for value in declaration.return_values if value in own.parameters]
+    if bare and (declaration.returns or "").startswith("List["):  # 0.6.1-0.6.3's mxint4 MoE: `return output`
+        raise NotExpressible(f"returns its argument {bare[0]} as it is where it declares {declaration.returns}")
     mutates = tuple(declaration.mutates) + tuple(name for name in written if name not in declaration.mutates)
     op = codegen.plan(registrar.name_for(declaration), declaration.function, own, mutates, getter_signature,
                                carried)
@@ -236,9 +242,19 @@ def module_level(layer, registrar, declaration, module, outcome):
     outcome.register(op.name)
 
 
+def _cached_getter(module, facts: scan.Namespace):
+    """What the ops call to reach the namespace: the getter, or where it is not cached itself (0.7.4 builds the
+    trtllm MoE namespace from a JIT spec, ``_build_trtllm_moe_namespace(module)``) the one cached function that
+    returns it, so that a kernel call reuses the built module as FlashInfer's own calls do."""
+    found = module.__dict__.get(facts.getter)
+    if found is not None and not hasattr(found, "__wrapped__") and len(facts.built_by) == 1:
+        return module.__dict__.get(facts.built_by[0], found)
+    return found
+
+
 def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     """One polyfill for a getter: a namespace whose declared entries call the ops, the rest refuse."""
-    getter_object = module.__dict__.get(namespace_facts.getter)
+    getter_object = _cached_getter(module, namespace_facts)
     if getter_object is None or namespace_facts.problem:
         reason = namespace_facts.problem or f"{namespace_facts.getter} is not a module attribute"
         for _, outcome in members:

@@ -107,7 +107,7 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         clash = sorted({n for n in names if names.count(n) > 1})
         raise NotExpressible(f"{function}: op parameter names collide ({', '.join(clash)})")
     return_annotation = signature.return_annotation
-    return_adapter = rules.return_adapter_for(return_annotation)
+    return_adapter = rules.return_adapter_for(return_annotation, mutates)
     if return_adapter is not None:
         return_annotation = return_adapter.schema_type
     if return_annotation is inspect.Signature.empty:

@@ -81,11 +81,33 @@ def _samples(probs, indices=None, **_):
     return torch.empty(batch, dtype=indices.dtype if indices is not None else torch.int32, device=probs.device)
 
 
-#: Fakes the shim writes where FlashInfer declared a function that returns a value but wrote no fake:
+def _trtllm_moe_result(hidden_states, top_k, do_finalize=True, output=None, routing_logits=None, **_):
+    """A trtllm fused-MoE op's result as the function builds it (0.5.3-0.6.7.post2): finalized, ``[output]``, bf16
+    rows of the hidden size (twice the packed width for FP4 bytes) or the caller's ``output`` width; otherwise the
+    expert rows (routing decides how many: an unbacked size), the (tokens, top_k) weights in the routing logits'
+    dtype and the int32 token-to-row map, the contract FlashInfer's own later fake states (0.7.4
+    ``fused_moe/shared/inputs.py``). A new tensor even where the function hands back the caller's ``output``."""
+    tokens, width = hidden_states.size(0), hidden_states.size(-1) * (2 if hidden_states.dtype == torch.uint8 else 1)
+    if do_finalize:
+        width = output.size(1) if output is not None else width
+        return [hidden_states.new_empty((tokens, width), dtype=torch.bfloat16)]
+    rows = torch.library.get_ctx().new_dynamic_size()
+    weights = routing_logits.dtype if routing_logits is not None else torch.bfloat16
+    return [hidden_states.new_empty((rows, width), dtype=torch.bfloat16),
+            hidden_states.new_empty((tokens, top_k), dtype=weights),
+            hidden_states.new_empty((tokens * top_k,), dtype=torch.int32)]
+
+
+#: Fakes the shim writes where FlashInfer declared a function that returns a value but wrote no fake, or wrote
+#: one that cannot be called with the function's arguments (its parameters drifted from the function's):
 #: (module, declared name) -> a function taking the declared function's arguments by keyword. Each is
 #: checked by the GPU tests' opcheck (tests/gpu/test_gpu_declared.py).
 DERIVED_FAKES = {
     ("flashinfer.sampling", "min_p_sampling_from_probs"): _samples,  # 0.5.3-0.6.3 (0.6.7 wrote the same)
+    # 0.5.3-0.6.7.post2: the fakes name local_num_experts where the functions take num_local_experts, and
+    # bf16's (0.6.7) expert_indices for topk_ids and no routed_scaling_factor.
+    **{("flashinfer.fused_moe.core", name): _trtllm_moe_result for name in (
+        "trtllm_fp4_block_scale_moe", "trtllm_mxint4_block_scale_moe", "trtllm_bf16_moe")},
 }
 
 
@@ -141,6 +163,11 @@ _NO_GENERATOR = Adapter(
     "if {n} is not None: raise _NotExpressible('{function}: a torch.Generator cannot cross a custom op; under "
     "torch.compile pass seed/offset (or nothing) instead')")
 
+#: A list that may be None (0.7.4's trtllm fp4 MoE ``routing_metadata``): the schema has no optional list, and
+#: FlashInfer tests ``is not None``, so an empty list cannot stand for None: a flag says which it was.
+_TENSOR_LIST_OR_NONE = Adapter("optional tensor list", (("", typing.List[torch.Tensor]), ("__given", bool)),
+                               "[] if {n} is None else {n}, {n} is not None", "{n} if {n}__given else None")
+
 #: Annotation (as typing compares them: Union order does not matter) -> adapter.
 ADAPTERS = (
     (typing.Union[float, torch.Tensor], _TENSOR_OR),
@@ -149,6 +176,7 @@ ADAPTERS = (
     (typing.Optional[typing.Union[int, torch.Tensor]], _TENSOR_OR_INT),
     (typing.Optional[torch.Generator], _NO_GENERATOR),
     (torch.Generator, _NO_GENERATOR),
+    (typing.Optional[typing.List[torch.Tensor]], _TENSOR_LIST_OR_NONE),
 )
 
 
@@ -187,8 +215,36 @@ RETURN_ADAPTERS = (
 )
 
 
-def return_adapter_for(annotation) -> Optional[ReturnAdapter]:
-    return _lookup(RETURN_ADAPTERS, annotation)
+#: How many tensors a list-returning op that writes in place returns (its list, padded): torch.compile cannot
+#: functionalize an op that both mutates and returns ``Tensor[]`` ("Not yet supported: List[Tensor] return",
+#: torch/_higher_order_ops/auto_functionalize.py), but it can one that returns a fixed number of tensors.
+#: FlashInfer's trtllm MoE ops return at most 4 (0.7.4's ``unpack_trtllm_moe_output``).
+LIST_RETURN_WIDTH = 8
+
+
+def _padded(result):
+    """A list of tensors as LIST_RETURN_WIDTH tensors, then a marker whose shape says what it was (a shape, so the
+    traced caller reads it as a constant, under fake tensors too): (n,) for a list of n, (1, 1) for one tensor
+    returned bare (prims_ts' fp8 MoE returns ``out if do_finalize else [out, ...]``)."""
+    bare = isinstance(result, torch.Tensor)
+    result = [result] if bare else list(result)
+    if len(result) > LIST_RETURN_WIDTH:
+        raise ValueError(f"returned {len(result)} tensors; the op carries at most {LIST_RETURN_WIDTH}")
+    device = result[0].device if result else None
+    return (*result, *(torch.empty(0, device=device) for _ in range(LIST_RETURN_WIDTH - len(result))),
+            torch.zeros((1, 1) if bare else len(result), dtype=torch.uint8, device=device))
+
+
+_PADDED = typing.Tuple[(torch.Tensor,) * (LIST_RETURN_WIDTH + 1)]
+_PADDED_LISTS = (
+    (typing.List[torch.Tensor], ReturnAdapter(_PADDED, _padded, "list(r[:r[-1].shape[0]])")),
+    (typing.Union[typing.List[torch.Tensor], torch.Tensor],
+     ReturnAdapter(_PADDED, _padded, "r[0] if r[-1].dim() == 2 else list(r[:r[-1].shape[0]])")),
+)
+
+
+def return_adapter_for(annotation, mutates=()) -> Optional[ReturnAdapter]:
+    return _lookup(_PADDED_LISTS if mutates else (), annotation) or _lookup(RETURN_ADAPTERS, annotation)
 
 
 # --- attention ------------------------------------------------------------------------------------------------

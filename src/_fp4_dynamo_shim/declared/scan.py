@@ -50,6 +50,8 @@ class Declaration:
     fake: Optional[Fake]
     #: For a def nested in a getter (one level): the getter's parameters.
     getter_parameters: Optional[str] = None
+    #: What its own ``return`` statements return, as written (a list annotation over ``return output`` is a fault).
+    return_values: Tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -71,6 +73,10 @@ class Namespace:
     entries: Tuple[Tuple[str, str], ...]
     #: Why the namespace cannot be rebuilt from the source, if it cannot.
     problem: Optional[str] = None
+    #: The module's cached functions that end in ``return <getter>(...)``: where the getter takes what no schema
+    #: holds (0.7.4's ``_build_trtllm_moe_namespace(module)``, a JIT spec), the op goes through such a function
+    #: (``_get_trtllm_moe_sm100_module_impl(enable_rubin: bool)``), whose arguments are the whole key.
+    built_by: Tuple[str, ...] = ()
 
     def keys_of(self, function: str) -> Tuple[str, ...]:
         return tuple(key for key, value in self.entries if value == function)
@@ -163,6 +169,21 @@ def _namespace(getter: ast.FunctionDef, module: str) -> Namespace:
     return Namespace(module, getter.name, tuple(entries))
 
 
+def _cached_callers(tree: ast.Module, getter: str) -> Tuple[str, ...]:
+    """The module-level defs decorated with a cache (``functools.cache``, ``lru_cache(...)``) whose last statement
+    is ``return <getter>(...)``."""
+    found = []
+    for node in (n for statement in tree.body for n in _direct_definitions(statement)):
+        if not isinstance(node, ast.FunctionDef) or not node.body:
+            continue
+        last = node.body[-1]
+        cached = any("cache" in ast.unparse(d.func if isinstance(d, ast.Call) else d) for d in node.decorator_list)
+        if cached and isinstance(last, ast.Return) and isinstance(last.value, ast.Call) \
+                and getattr(last.value.func, "id", None) == getter:
+            found.append(node.name)
+    return tuple(found)
+
+
 def _walk_own(function: ast.FunctionDef) -> Iterator[ast.AST]:
     """The nodes of ``function``'s body, not descending into nested defs, lambdas or classes."""
     stack = list(function.body)
@@ -225,9 +246,11 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
                     module, node.name, node.lineno, name, name_source, _mutates(marked[1]), scope,
                     ast.unparse(node.args), ast.unparse(node.returns) if node.returns is not None else None,
                     fakes.get(name_source), ast.unparse(enclosing.args) if getter else None,
+                    tuple(ast.unparse(r.value) for r in _walk_own(node) if isinstance(r, ast.Return) and r.value),
                 ))
         if getter and declared_here:
-            namespaces.append(_namespace(enclosing, module))
+            namespaces.append(dataclasses.replace(_namespace(enclosing, module),
+                                                  built_by=_cached_callers(tree, enclosing.name)))
     return sorted(found, key=lambda d: (d.module, d.line)), namespaces
 
 
