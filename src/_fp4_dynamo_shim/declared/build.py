@@ -216,8 +216,11 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
 
 
 def _plan_tensor(value):
-    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants)."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(list(value), dtype=torch.int64)
+    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants);
+    None (a plan its kernel does not read) stays None."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(list(value), dtype=torch.int64)
 
 
 def _caller_namespace() -> dict:
