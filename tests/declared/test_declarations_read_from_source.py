@@ -212,8 +212,9 @@ def test_a_getters_namespace_holds_literal_keys_as_they_are_and_computed_ones_as
         function: ("get_module", "kind: str, width: int=4") for function in ("_a", "_b", "_c")}
 
 
-def test_a_getter_with_an_early_return_cannot_be_rebuilt_and_says_why():
-    # The early return stands before the nested defs; a return inside a nested def is the def's own.
+def test_a_getter_returning_early_on_more_than_its_parameters_cannot_be_rebuilt_and_says_why():
+    # The early return stands before the nested defs, under a test on a global the polyfill cannot evaluate; a
+    # return inside a nested def is the def's own.
     source = '''
 _cached = None
 
@@ -231,7 +232,7 @@ def get_module():
 '''
     (namespace,) = scan.scan_source(source, MODULE)[1]
     assert namespace == Namespace(MODULE, "get_module", (),
-                                  "get_module does not end in one `return SimpleNamespace(...)`")
+                                  "get_module returns under a test on more than its parameters (_cached is not None)")
     assert namespace.keys_of("_op") == ()
 
 

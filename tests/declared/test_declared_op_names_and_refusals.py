@@ -251,7 +251,8 @@ def test_a_member_the_getter_passes_over_does_not_stop_the_members_after_it(laye
     if passed_over == "decided before building":
         decided = ("_Xform",)
     elif passed_over == "not in the namespace":
-        facts = dataclasses.replace(facts, entries=tuple((k, v) for k, v in facts.entries if v != "_Xform"))
+        # The namespace holds another value under _Xform's key (its entries stay numbered as its returns read them).
+        facts = dataclasses.replace(facts, entries=tuple((k, "helper" if v == "_Xform" else v) for k, v in facts.entries))
     else:
         register = registrar.register
 

@@ -222,8 +222,11 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
 
 
 def _plan_tensor(value):
-    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants)."""
-    return value if isinstance(value, torch.Tensor) else torch.tensor(list(value), dtype=torch.int64)
+    """A carried int list as the op takes it: the wrappers' plan leaves a tensor; a list becomes one (constants);
+    None (a plan its kernel does not read) stays None."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    return torch.tensor(list(value), dtype=torch.int64)
 
 
 def _caller_namespace() -> dict:
@@ -304,10 +307,10 @@ def getter(layer, registrar, members, module, namespace_facts: scan.Namespace):
     for number, (key, value) in enumerate(namespace_facts.entries):
         if key not in entries:
             namespace[f"_unavailable_{number}"] = codegen.unavailable(
-                f"{module.__name__}.{namespace_facts.getter}().{key.lstrip('=')}")
+                f"{module.__name__}.{namespace_facts.getter}(){codegen.accessor(key)}")
             entries[key] = f"_unavailable_{number}"
-    items = ", ".join(f"{key[1:] if key.startswith('=') else repr(key)}: {value}" for key, value in entries.items())
-    source.append(f"    return _Namespace({{{items}}})\n")
+        source.append(f"    _entry_{number} = {entries[key]}\n")
+    source += [f"    {line}\n" for line in namespace_facts.returns]  # the getter's own returns, rebuilt
     oplib.run_source("".join(source), f"<{NAMESPACE} {module.__name__}.{namespace_facts.getter}>", namespace)
     layer.undo.push(lambda: namespace.update({name: None for name in list(namespace) if name.startswith("_op_")}))
     layer.pending.append((getter, namespace["_getter"], [o for _, o in members if o.op],

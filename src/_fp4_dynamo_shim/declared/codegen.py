@@ -182,10 +182,16 @@ def target_expression(index: int, getter_signature: Optional[inspect.Signature],
     if getter_signature is None:
         return f"_target_{index}", ""
     namespace = f"_getter_{index}({_call_arguments(getter_signature)})"
-    entry = f"getattr({namespace}, {key[1:]})" if key.startswith("=") else f"{namespace}.{key}"
+    entry = f"getattr({namespace}, {key[1:]})" if key.startswith("=") else f"{namespace}{accessor(key)}"
     parameters = list(getter_signature.parameters)
     source = f"def _resolve_{index}({', '.join(parameters)}):\n    return {entry}\n"
     return f"_resolve_{index}({', '.join(getter_argument(p) for p in parameters)})", source
+
+
+def accessor(key: str) -> str:
+    """Where a getter's entry ``key`` (``scan.Namespace``) sits in its result, as Python after the result: ``.run``,
+    ``[1]``, or nothing for the result itself; a computed key as its expression (``.f'{act}_and_mul'``)."""
+    return key if key == "" or key.startswith("[") else f".{key.lstrip('=')}"
 
 
 def kernel_and_fake(op: Op, index: int, bindings: dict, target: Tuple[str, str], fake: Optional[Callable],

@@ -62,8 +62,21 @@ EXCLUSIONS = (
 )
 
 
+#: Declarations whose kernel writes its output through device addresses the caller computed before the call (the
+#: ``y_data`` pointer table), not through the tensor FlashInfer declares written, which the kernel never receives.
+#: A functionalized graph hands the op a copy of that tensor while the kernel writes the original, then copies the
+#: untouched copy back: the result is lost (measured on CPU with a stand-in kernel under aot_eager; Inductor kept it
+#: only because it re-used the buffer). (module, declared name) -> the tensor declared in the output's place.
+WRITES_THROUGH_ADDRESSES = {("flashinfer.gemm.gemm_base", "cutlass_segment_gemm"): "y"}
+
+
 def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[Tuple[str, str]]:
     """(kind, reason) for a declaration left alone by rule, or None."""
+    if (module, name) in WRITES_THROUGH_ADDRESSES:
+        declared = WRITES_THROUGH_ADDRESSES[(module, name)]
+        return NOT_EXPRESSIBLE, (f"its kernel writes the output through addresses computed before the call, not "
+                                 f"through {declared}, which it never receives: a compiled graph that copies {declared} "
+                                 "loses the result")
     if getter == FP4_GETTER:
         if name in FP4_FAMILY:
             return FP4_LAYER, "covered by the FP4 family (family.py, family_ops.py, ops.py)"
@@ -263,7 +276,8 @@ ATTENTION_TRACED = ("single_decode", "single_prefill")
 #: The stateful wrappers (entry point -> module, class) whose ``run`` reaches the module ``plan()`` cached on the
 #: wrapper: ``declared/wrappers.py`` polyfills that module's run functions once ``plan()`` has built it, and carries
 #: the plan's int list (``plan_info_vec``, the table's ``l`` kind) to the op as a CPU int64 tensor, so that a new plan
-#: is a new argument, not a guard. Only rows with an fa2/fa3 binding: trtllm-gen's module has no run checked here.
+#: is a new argument, not a guard. trtllm-gen's decode module is one of them: its getter's ``*args`` are the
+#: parameters of the uri function it forwards them to, which the table records as for the others.
 ATTENTION_WRAPPED = {
     "batch_decode_paged": ("flashinfer.decode", "BatchDecodeWithPagedKVCacheWrapper"),
     "batch_prefill_paged": ("flashinfer.prefill", "BatchPrefillWithPagedKVCacheWrapper"),
@@ -276,8 +290,7 @@ def _attention_row(release: Optional[str], getter: str, run: str) -> Optional[di
         row = attention_table.ROWS[key]
         if row["getter"] != getter or row["run"] != run:
             continue
-        if set(row["entry_points"]) & set(ATTENTION_TRACED) or (
-                set(row["entry_points"]) & set(ATTENTION_WRAPPED) and row["backends"]):
+        if set(row["entry_points"]) & (set(ATTENTION_TRACED) | set(ATTENTION_WRAPPED)):
             return row
     return None
 
@@ -309,7 +322,9 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Tuple[st
 #: values, so a new plan of the same length is a new argument, not a recompile. The wrappers' plan leaves that tensor
 #: (``declared/wrappers.py``); any other list is made one while tracing (its values then are constants). The fake
 #: keeps the tensor: FlashInfer's fakes of these run functions do not read it.
-PLAN_TENSOR = Adapter("int list carried as a tensor", (("", torch.Tensor),), "_plan_tensor({n})", "{n}.tolist()")
+#: trtllm-gen's decode plan is None (its kernel reads no plan): None crosses as None.
+PLAN_TENSOR = Adapter("int list carried as a tensor", (("", Optional[torch.Tensor]),), "_plan_tensor({n})",
+                      "None if {n} is None else {n}.tolist()")
 
 
 def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:

@@ -19,7 +19,7 @@ import ast
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Set, Tuple
 
 PREFIX = "flashinfer::"
 CUSTOM, FAKE = "register_custom_op", "register_fake_op"
@@ -65,8 +65,11 @@ class Declaration:
 
 @dataclasses.dataclass(frozen=True)
 class Namespace:
-    """What a getter returns, ``SimpleNamespace(key=value, ...)``: (key, value source) pairs. A key computed
-    from the getter's parameters is the expression computing it, prefixed with "=" (``"=f'{act}_and_mul'"``)."""
+    """What a getter returns: (key, value source) pairs, each key saying where the value sits in the getter's
+    result. In a ``SimpleNamespace(key=value, ...)`` at the top the key is the attribute; a key computed from the
+    getter's parameters is the expression computing it, prefixed with "=" (``"=f'{act}_and_mul'"``). Elsewhere it
+    is the accessor from the result to the value: "" for the result itself (a getter that returns its function),
+    ``"[1]"`` for a tuple's second item, ``"[0].run"`` for an attribute of a namespace inside one."""
 
     module: str
     getter: str
@@ -77,6 +80,9 @@ class Namespace:
     #: holds (0.7.4's ``_build_trtllm_moe_namespace(module)``, a JIT spec), the op goes through such a function
     #: (``_get_trtllm_moe_sm100_module_impl(enable_rubin: bool)``), whose arguments are the whole key.
     built_by: Tuple[str, ...] = ()
+    #: The getter's return statements and the ``if`` tests (over its parameters) they sit under, as lines of
+    #: Python that rebuild its result from ``_entry_<n>`` (entry n's value) and ``_Namespace``.
+    returns: Tuple[str, ...] = ()
 
     def keys_of(self, function: str) -> Tuple[str, ...]:
         return tuple(key for key, value in self.entries if value == function)
@@ -148,25 +154,94 @@ def _inline(expression: ast.expr, assignments: Dict[str, ast.expr]) -> str:
     return ast.unparse(Inline().visit(expression))
 
 
-def _namespace(getter: ast.FunctionDef, module: str) -> Namespace:
-    returns = [node for node in _walk_own(getter) if isinstance(node, ast.Return)]
-    calls = [r.value for r in returns if isinstance(r.value, ast.Call)
-             and getattr(r.value.func, "id", getattr(r.value.func, "attr", None)) == "SimpleNamespace"]
-    if len(returns) != 1 or len(calls) != 1:
-        return Namespace(module, getter.name, (), f"{getter.name} does not end in one `return SimpleNamespace(...)`")
-    call, entries = calls[0], []
-    assignments = _simple_assignments(getter)
-    for keyword in call.keywords:
-        if keyword.arg is not None:
-            entries.append((keyword.arg, ast.unparse(keyword.value)))
-        elif isinstance(keyword.value, ast.Dict):  # SimpleNamespace(**{fname: fn})
-            for key, value in zip(keyword.value.keys, keyword.value.values):
-                literal = isinstance(key, ast.Constant) and isinstance(key.value, str)
-                entries.append((key.value if literal else "=" + _inline(key, assignments), ast.unparse(value)))
-        else:
-            return Namespace(module, getter.name, (),
-                             f"{getter.name} returns SimpleNamespace(**{ast.unparse(keyword.value)})")
-    return Namespace(module, getter.name, tuple(entries))
+class _Unreadable(Exception):
+    """What the getter returns cannot be rebuilt from its text; the message says why."""
+
+
+class _Returned:
+    """Reads what a getter returns, in the shapes FlashInfer's getters use: a ``SimpleNamespace`` (or a local name
+    bound once to one), a declared function itself, a tuple of those and constants, under ``if`` tests on the
+    getter's parameters. Each value becomes an entry; each return a line rebuilding it from the entries."""
+
+    def __init__(self, getter: ast.FunctionDef, declared: Set[str]):
+        self.getter, self.declared, self.entries = getter, declared, []
+        arguments = getter.args
+        self.parameters = {a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs,
+                                           arguments.vararg, arguments.kwarg) if a is not None}
+        self.assignments = _simple_assignments(getter)
+        stored = [n.id for n in _walk_own(getter) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+        self.bound = {s.targets[0].id: s.value for s in getter.body if isinstance(s, ast.Assign)
+                      and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name) and stored.count(s.targets[0].id) == 1}
+
+    def lines(self, body: List[ast.stmt], indent: str = "") -> List[str]:
+        found = []
+        for statement in body:
+            if isinstance(statement, ast.Return):
+                value = statement.value if statement.value is not None else ast.Constant(None)
+                return found + [f"{indent}return {self.form(value, '')}"]
+            if isinstance(statement, ast.If) and _holds_return(statement):
+                names = {n.id for n in ast.walk(statement.test) if isinstance(n, ast.Name)}
+                if not names <= self.parameters:
+                    raise _Unreadable(f"returns under a test on more than its parameters ({ast.unparse(statement.test)})")
+                found += [f"{indent}if {ast.unparse(statement.test)}:"]
+                found += self.lines(statement.body, indent + "    ") or [f"{indent}    pass"]
+                if statement.orelse:
+                    found += [f"{indent}else:"] + (self.lines(statement.orelse, indent + "    ") or [f"{indent}    pass"])
+            elif _holds_return(statement):
+                raise _Unreadable(f"returns inside a `{type(statement).__name__.lower()}` statement")
+        return found
+
+    def entry(self, key: str, value: ast.expr) -> str:
+        pair = (key, ast.unparse(value))
+        if pair not in self.entries:
+            self.entries.append(pair)
+        return f"_entry_{self.entries.index(pair)}"
+
+    def form(self, node: ast.expr, path: str) -> str:
+        """The expression rebuilding ``node`` (the getter's result at accessor ``path``) from the entries."""
+        if isinstance(node, ast.Name) and node.id in self.declared:
+            return self.entry(path, node)
+        if isinstance(node, ast.Name) and node.id in self.bound:
+            return self.form(self.bound[node.id], path)
+        if isinstance(node, ast.Constant):
+            return repr(node.value)
+        if isinstance(node, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in node.elts):
+            items = [self.form(element, f"{path}[{i}]") for i, element in enumerate(node.elts)]
+            return f"({', '.join(items)}{',' if len(items) == 1 else ''})"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "SimpleNamespace":
+            return self.namespace(node, path)
+        raise _Unreadable(f"returns {ast.unparse(node)}, which is not a namespace, a declared function or a tuple")
+
+    def namespace(self, call: ast.Call, path: str) -> str:
+        items = []
+        for keyword in call.keywords:
+            if keyword.arg is not None:
+                items.append((repr(keyword.arg), self.entry(f"{path}.{keyword.arg}" if path else keyword.arg,
+                                                            keyword.value)))
+            elif isinstance(keyword.value, ast.Dict):  # SimpleNamespace(**{fname: fn})
+                for key, value in zip(keyword.value.keys, keyword.value.values):
+                    literal = isinstance(key, ast.Constant) and isinstance(key.value, str)
+                    if not literal and path:
+                        raise _Unreadable(f"returns a namespace with a computed key inside {path}")
+                    computed = "=" + _inline(key, self.assignments)
+                    items.append((computed[1:] if not literal else repr(key.value),
+                                  self.entry(key.value if literal else computed, value)))
+            else:
+                raise _Unreadable(f"returns SimpleNamespace(**{ast.unparse(keyword.value)})")
+        return "_Namespace({" + ", ".join(f"{key}: {value}" for key, value in items) + "})"
+
+
+def _holds_return(statement: ast.stmt) -> bool:
+    return any(isinstance(node, ast.Return) for node in _walk_own(ast.Module([statement], [])))
+
+
+def _namespace(getter: ast.FunctionDef, module: str, declared: Set[str]) -> Namespace:
+    returned = _Returned(getter, declared)
+    try:
+        lines = returned.lines(getter.body)
+    except _Unreadable as problem:
+        return Namespace(module, getter.name, (), f"{getter.name} {problem}")
+    return Namespace(module, getter.name, tuple(returned.entries), returns=tuple(lines))
 
 
 def _cached_callers(tree: ast.Module, getter: str) -> Tuple[str, ...]:
@@ -234,14 +309,14 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
                 if marked and marked[0] == FAKE:
                     fakes[_literal_name(marked[1])[1]] = Fake(node.name, node.lineno, _without_decorators(node))
         getter = enclosing is not None and len(scope) == 1
-        declared_here = False
+        declared_here = set()
         for node in defs:
             for decorator in node.decorator_list:
                 marked = _decorator(decorator)
                 if not marked or marked[0] != CUSTOM:
                     continue
                 name, name_source = _literal_name(marked[1])
-                declared_here = True
+                declared_here.add(node.name)
                 found.append(Declaration(
                     module, node.name, node.lineno, name, name_source, _mutates(marked[1]), scope,
                     ast.unparse(node.args), ast.unparse(node.returns) if node.returns is not None else None,
@@ -249,7 +324,7 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
                     tuple(ast.unparse(r.value) for r in _walk_own(node) if isinstance(r, ast.Return) and r.value),
                 ))
         if getter and declared_here:
-            namespaces.append(dataclasses.replace(_namespace(enclosing, module),
+            namespaces.append(dataclasses.replace(_namespace(enclosing, module, declared_here),
                                                   built_by=_cached_callers(tree, enclosing.name)))
     return sorted(found, key=lambda d: (d.module, d.line)), namespaces
 
