@@ -49,11 +49,11 @@ def test_the_merge_states_fake_replaces_flashinfers_and_allocates_on_the_inputs_
 
 @pytest.mark.parametrize("module, getter, name, kind, reason", [
     ("flashinfer.fp4_quantization", rules.FP4_GETTER, "fp4_quantize_sm100", rules.FP4_LAYER,
-     "covered by the FP4 family (family.py, family_ops.py, ops.py)"),
+     "covered by the FP4 layer, which makes each FP4 family function one op of its own"),
     ("flashinfer.fp4_quantization", rules.FP4_GETTER, "e2m1_and_ufp8sf_scale_to_float_sm100", rules.FP4_LAYER,
-     "covered by the FP4 family (family.py, family_ops.py, ops.py)"),
+     "covered by the FP4 layer, which makes each FP4 family function one op of its own"),
     ("flashinfer.fp4_quantization", rules.FP4_GETTER, "something_else_sm100", rules.FP4_LAYER,
-     "in get_fp4_quantization_module, which the FP4 layer owns (preload.py builds it): not registered twice; "
+     "in get_fp4_quantization_module, the JIT module the FP4 layer builds: not registered twice; "
      "not part of the FP4 family either"),
     ("flashinfer.comm", None, "x", rules.OUT_OF_SCOPE, rules.EXCLUSIONS[0].reason),
     ("flashinfer.comm.trtllm_ar", "get_module", "x", rules.OUT_OF_SCOPE, rules.EXCLUSIONS[0].reason),

@@ -115,7 +115,7 @@ def test_a_gated_off_declaration_says_which_gate_left_it_off_and_how_to_turn_it_
     monkeypatch.delitem(proven.PROVEN, VERSION, raising=False)
     layer = _reapply(monkeypatch, "proven")
     assert layer["not_registered"][off]["reason"] == (
-        f"off under {GATE}=proven (the default): no GPU record for FlashInfer {VERSION} (declared/proven.py): "
+        f"off under {GATE}=proven (the default): the shim has no GPU record for FlashInfer {VERSION}: "
         "set it to all")
     record = {**dict.fromkeys(proven.MEASURED, "a stand-in record"), "declarations": {
         "flashinfer.norm.fused_add_rmsnorm": {"module": "flashinfer.norm", "op": "fused_add_rmsnorm",
@@ -124,7 +124,7 @@ def test_a_gated_off_declaration_says_which_gate_left_it_off_and_how_to_turn_it_
     layer = _reapply(monkeypatch, "proven")
     assert "flashinfer.norm.fused_add_rmsnorm" in layer["registered"]
     assert layer["not_registered"][off]["reason"] == (
-        f"off under {GATE}=proven (the default): not proven on a GPU for this release (declared/proven.py): "
+        f"off under {GATE}=proven (the default): not proven on a GPU for this release (the shim's GPU record): "
         "set it to all")
 
 
@@ -441,9 +441,9 @@ def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reaso
         "not expressible", "declared inside outer.inner, which no module-level getter returns")
     fp4 = ("get_fp4_quantization_module",)
     assert refused[_key("fp4_quantize_sm100", fp4)] == (
-        "covered by the FP4 layer", "covered by the FP4 family (family.py, family_ops.py, ops.py)")
+        "covered by the FP4 layer", "covered by the FP4 layer, which makes each FP4 family function one op of its own")
     assert refused[_key("fp4_other", fp4)][0] == "covered by the FP4 layer"
-    assert refused[_key("fp4_other", fp4)][1].startswith("in get_fp4_quantization_module, which the FP4 layer owns")
+    assert refused[_key("fp4_other", fp4)][1].startswith("in get_fp4_quantization_module, the JIT module the FP4 layer builds")
     assert refused[f"{COMM_MODULE}._all_reduce"] == (
         "out of scope", "distributed communication (process groups, IPC handles, shared workspaces): outside a "
                         "single-GPU traced region; out of scope")

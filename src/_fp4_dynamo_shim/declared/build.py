@@ -164,6 +164,10 @@ def _fake(declaration: scan.Declaration, module, function):
     raise NotExpressible(f"FlashInfer's fake names parameters the function lacks ({stale})")
 
 
+def _base_name(declaration: scan.Declaration) -> str:
+    return declaration.name if declaration.name is not None else declaration.function.lstrip("_")
+
+
 def _stub(declaration: scan.Declaration, module):
     returns = f" -> {declaration.returns}" if declaration.returns else ""
     return _compiled(f"def {declaration.function}({declaration.parameters}){returns}: pass", module, declaration.function)
@@ -172,14 +176,20 @@ def _stub(declaration: scan.Declaration, module):
 class Registrar:
     """Defines ops in one fragment and keeps the bindings the generated code needs."""
 
-    def __init__(self, layer: Layer):
+    def __init__(self, layer: Layer, declarations=()):
         self.library = oplib.library(NAMESPACE)
         layer.undo.push(self.library._destroy)
         self.names: set = set()
         self.count = 0
+        # A name two declarations share (trtllm-gen decode's and batch prefill's ``paged_run``, both computed at run
+        # time) is qualified by each one's getter, so that neither takes it by coming first.
+        bases = [_base_name(d) for d in declarations]
+        self.shared = {base for base in bases if bases.count(base) > 1}
 
     def name_for(self, declaration: scan.Declaration) -> str:
-        base = declaration.name if declaration.name is not None else declaration.function.lstrip("_")
+        base = _base_name(declaration)
+        if base in self.shared and declaration.getter is not None:
+            base = f"{declaration.getter.strip('_').removeprefix('get_').removesuffix('_module')}_{base}"
         name, suffix = base, 2
         while name in self.names:
             name, suffix = f"{base}_{suffix}", suffix + 1

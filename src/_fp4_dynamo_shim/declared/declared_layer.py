@@ -89,6 +89,12 @@ def _capability_of_index(device_index):
 _TRACED_HELPERS = {"device": _capability_of_device, "index": _capability_of_index}
 
 
+#: FlashInfer's log-once methods, called on paths to declared ops (the trtllm MoE's "the single torch.Tensor return
+#: type is deprecated"). Dynamo refuses every ``logging.Logger`` method in traced code but those in its
+#: ``ignore_logging_functions``, which it drops: compiled code skips the line, an eager call still logs it.
+LOG_ONCE = ("flashinfer.jit.core", "FlashInferJITLogger", ("debug_once", "info_once", "warning_once"))
+
+
 def _queue_helpers(layer: Layer) -> None:
     served = [outcome for outcome in layer.outcomes if outcome.op]
     for module_name, name, takes in HELPERS:
@@ -97,6 +103,14 @@ def _queue_helpers(layer: Layer) -> None:
             layer.pending.append((getattr(function, "__wrapped__", function), _TRACED_HELPERS[takes], served,
                                   f"{module_name}.{name}"))
             layer.helpers.append(f"{module_name}.{name}")
+    module_name, class_name, methods = LOG_ONCE
+    ignored = torch._dynamo.config.ignore_logging_functions
+    for name in methods:
+        method = getattr(getattr(sys.modules.get(module_name), class_name, None), name, None)
+        if method is not None and method not in ignored:
+            ignored.add(method)
+            layer.undo.push(lambda method=method: ignored.discard(method))
+            layer.helpers.append(f"{module_name}.{class_name}.{name} (skipped in compiled code)")
 
 
 def _install_polyfills(layer: Layer) -> List[str]:
@@ -128,7 +142,7 @@ def _register(layer: Layer) -> None:
     layer.proven = proven.PROVEN.get(layer.flashinfer)
     try:
         found, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
-        registrar = build.Registrar(layer)
+        registrar = build.Registrar(layer, found.declarations)
         by_getter: Dict[tuple, list] = {}
         for declaration in found.declarations:
             outcome = Outcome(declaration.key, declaration.module, declaration.name_source,
@@ -235,9 +249,9 @@ def _gated_off(layer: Layer) -> str:
     """Why the gate leaves a declaration off; under ``proven``, what the GPU record says of it."""
     words = [f"off under {switches.FLASHINFER_OPS}={layer.gate}" + (" (the default)" if layer.gate == DEFAULT else "")]
     if layer.gate == "proven" and layer.proven:
-        words.append("not proven on a GPU for this release (declared/proven.py)")
+        words.append("not proven on a GPU for this release (the shim's GPU record)")
     elif layer.gate == "proven":
-        words.append(f"no GPU record for FlashInfer {layer.flashinfer} (declared/proven.py)")
+        words.append(f"the shim has no GPU record for FlashInfer {layer.flashinfer}")
     return ": ".join(words + ["set it to all"])
 
 

@@ -32,7 +32,7 @@ REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE,
     "not expressible", "failed")
 KINDS = (REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED)
 
-#: The getter the FP4 layer owns (``preload`` builds it; ``family_ops`` carries its functions).
+#: The getter the FP4 layer owns (it builds the module when it applies; ``family_ops`` carries its functions).
 FP4_GETTER = "get_fp4_quantization_module"
 #: Declared names inside it that the FP4 family's ops already cover.
 FP4_FAMILY = frozenset({
@@ -67,7 +67,8 @@ EXCLUSIONS = (
 #: A functionalized graph hands the op a copy of that tensor while the kernel writes the original, then copies the
 #: untouched copy back: the result is lost (measured on CPU with a stand-in kernel under aot_eager; Inductor kept it
 #: only because it re-used the buffer). (module, declared name) -> the tensor declared in the output's place.
-WRITES_THROUGH_ADDRESSES = {("flashinfer.gemm.gemm_base", "cutlass_segment_gemm"): "y"}
+WRITES_THROUGH_ADDRESSES = {("flashinfer.gemm.gemm_base", "cutlass_segment_gemm"): "y",
+                            ("flashinfer.gemm.gemm_base", "cutlass_segment_gemm_sm90"): "y"}
 
 
 def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[Tuple[str, str]]:
@@ -79,8 +80,8 @@ def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optiona
                                  "loses the result")
     if getter == FP4_GETTER:
         if name in FP4_FAMILY:
-            return FP4_LAYER, "covered by the FP4 family (family.py, family_ops.py, ops.py)"
-        return FP4_LAYER, (f"in {FP4_GETTER}, which the FP4 layer owns (preload.py builds it): not registered "
+            return FP4_LAYER, "covered by the FP4 layer, which makes each FP4 family function one op of its own"
+        return FP4_LAYER, (f"in {FP4_GETTER}, the JIT module the FP4 layer builds: not registered "
                            "twice; not part of the FP4 family either")
     for exclusion in EXCLUSIONS:
         if exclusion.matches(module, getter):
