@@ -19,10 +19,12 @@ import torch
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks, report
 from _fp4_dynamo_shim.verify import sglang
-from _fp4_dynamo_shim.fp4 import flashinfer_op
-from _fp4_dynamo_shim.fp4 import quantize_op
+from _fp4_dynamo_shim.fp4 import devices, flashinfer_op
 from _fp4_dynamo_shim import lifecycle
 from fp4_dynamo_shim.errors import NoFp4KernelError
+
+import helpers
+import stand_in_gpu
 
 FAMILY = ("nvfp4_quantize", "mxfp4_quantize", "block_scale_interleave", "e2m1_and_ufp8sf_scale_to_float",
           "mxfp4_dequantize", "mxfp4_dequantize_host", "nvfp4_batched_quantize", "scaled_fp4_grouped_quantize",
@@ -184,19 +186,21 @@ def test_the_dynamic_trace_check_fails_on_a_recompilation(monkeypatch):
         checks.check_trace_dynamic("cpu")
 
 
-def test_the_opcheck_check_fails_when_the_fake_disagrees_with_the_kernel(monkeypatch):
-    quantize = quantize_op.quantize
+def test_the_opcheck_check_fails_when_the_kernel_writes_an_input_its_schema_does_not_let_it(device_state):
+    """Fault, through the GPU-state seam: the CPU launcher (the op's kernel) also scales its global_scale in
+    place, which the op's schema does not declare: torch's opcheck exists to see that, and so the check fails."""
+    reference = devices.STATE.launchers[-1]
 
-    def lying_fake(*args, launch):
-        values, scales = quantize(*args, launch=launch)
-        return (values.view(torch.int8), scales) if launch is None else (values, scales)
+    def writes_its_scale(input, global_scale, *arguments):
+        reference(input, global_scale, *arguments)
+        global_scale.mul_(2)
 
-    monkeypatch.setattr(quantize_op, "quantize", lying_fake)
-    with pytest.raises(Exception, match="dtype|int8|uint8"):
+    device_state(launchers={**devices.STATE.launchers, -1: writes_its_scale})
+    with pytest.raises(Exception, match="mutat"):
         checks.check_opcheck("cpu")
 
 
-def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monkeypatch):
+def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monkeypatch, device_state):
     if not flashinfer_op.flashinfer_has_op():
         pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
     quantize = flashinfer.fp4_quantize  # the function the check compares FlashInfer's op with
@@ -206,25 +210,34 @@ def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monk
         checks.check_flashinfer_op("cpu")
     monkeypatch.undo()
 
-    _flip_one_output_bit(monkeypatch)
+    _flip_one_output_bit(device_state, at_launch=2)  # 1: the warm-up; 2: the compiled op on row-major input
     with pytest.raises(AssertionError, match="row-major: the compiled op's values differ from flashinfer.fp4_quantize's"):
         checks.check_flashinfer_op("cpu")
 
 
-def test_the_family_check_fails_on_an_error_flashinfer_does_not_raise(monkeypatch):
+#: 400 characters, each prefix distinct: how much of an error the family check quotes shows.
+LONG = "".join(f"{i:03d}," for i in range(100))
+
+
+def test_the_family_check_fails_on_an_error_flashinfer_does_not_raise_quoting_200_characters(monkeypatch):
     def broken(*args, **kwargs):
-        raise ValueError("a shim fault")
+        raise ValueError(LONG)
 
     monkeypatch.setattr(flashinfer, "mm_fp4", broken)
-    with pytest.raises(AssertionError, match=r"^mm_fp4: ValueError: a shim fault \(FlashInfer's own function does "
-                                             r"not raise this\)$"):
+    with pytest.raises(AssertionError) as failed:
         checks.check_family("cpu")
+    assert str(failed.value) == f"mm_fp4: ValueError: {LONG[:200]} (FlashInfer's own function does not raise this)"
 
 
-def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(monkeypatch):
+def test_the_family_check_accepts_flashinfers_own_error_quoting_80_characters_and_the_shims_refusal(monkeypatch):
+    """FlashInfer's own block_scale_interleave, put back in the shim's place, fails on CPU at its device query;
+    stand-in: that query says more than 80 characters (FlashInfer's own words are shorter), so the quote's
+    length shows."""
+    def device_query(device):
+        raise ValueError(LONG)
+
+    monkeypatch.setattr(stand_in_gpu.fp4_module(), "get_compute_capability", device_query)
     original = lifecycle.original_function("block_scale_interleave")
-    with pytest.raises(Exception) as own:
-        original(*checks.family_examples("cpu")["block_scale_interleave"][0])  # FlashInfer's JIT path needs a GPU
 
     def refuse(*args, **kwargs):
         raise NoFp4KernelError("no FP4 kernel")
@@ -233,10 +246,23 @@ def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(mo
     monkeypatch.setattr(flashinfer, "mxfp4_quantize", refuse)
     detail = checks.check_family("cpu")
     others = [n for n in replaced_family() if n not in ("block_scale_interleave", "mxfp4_quantize")]
-    message = str(own.value)[:80]
     assert detail == (f"{len(replaced_family())} functions called once on cpu: result: {', '.join(others)}; "
                       "refused (no FP4 kernel): mxfp4_quantize; "
-                      f"FlashInfer's own error: block_scale_interleave: {type(own.value).__name__}: {message}")
+                      f"FlashInfer's own error: block_scale_interleave: ValueError: {LONG[:80]}")
+
+
+def test_the_family_check_passes_each_example_its_keyword_arguments(monkeypatch):
+    """mm_fp4's example names its output dtype; the function must be called with it (the real mm_fp4 defaults
+    to the same dtype, so only a recording shows it was passed)."""
+    mm_fp4, called = flashinfer.mm_fp4, []
+
+    def recording(*args, **kwargs):
+        called.append(kwargs)
+        return mm_fp4(*args, **kwargs)
+
+    monkeypatch.setattr(flashinfer, "mm_fp4", recording)
+    checks.check_family("cpu")
+    assert called == [{"out_dtype": torch.bfloat16}]
 
 
 # --- on a GPU without the FP4 kernel (stand-in: the device state) ---------------------------------------------
@@ -354,23 +380,27 @@ def test_on_a_gpu_the_checks_go_by_what_the_current_gpu_loaded(current, launches
     assert goes_past_its_gate(checks.check_compiled_matches_eager) is computes
 
 
-def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypatch):
-    # Eager calls keep the launcher the replacement bound when it was built: only the compiled region flips.
-    _flip_one_output_bit(monkeypatch)
-    with pytest.raises(AssertionError, match="compiled output differs from eager"):
+def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(device_state):
+    _flip_one_output_bit(device_state, at_launch=1)  # the compiled call on M=1
+    with pytest.raises(AssertionError, match="^M=1: compiled output differs from eager$"):
         checks.check_compiled_matches_eager("cpu")
-    monkeypatch.undo()
-    torch._dynamo.reset()
+    torch._dynamo.reset()  # the kernel is right from then on: so is the check
     assert "equals eager bitwise" in checks.check_compiled_matches_eager("cpu")
 
 
-def _flip_one_output_bit(monkeypatch):
-    """Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit of its scale factors."""
-    def flipped(input, *arguments):
-        quantize_op.launch_reference(input, *arguments)
-        arguments[1].view(-1)[0] ^= 1
+def _flip_one_output_bit(device_state, at_launch: int):
+    """Fault injection through the GPU-state seam: the CPU launcher (what eager calls and compiled regions run
+    on CPU tensors) flips one bit of its scale factors on its ``at_launch``-th launch (from 1) only, as a
+    kernel that is wrong now and then would: one side of a comparison differs."""
+    reference, launches = devices.STATE.launchers[-1], []
 
-    monkeypatch.setattr(quantize_op, "launch_for", lambda input: flipped)
+    def flipping(input, *arguments):
+        reference(input, *arguments)
+        launches.append(input.shape)
+        if len(launches) == at_launch:
+            arguments[1].view(-1)[0] ^= 1
+
+    device_state(launchers={**devices.STATE.launchers, -1: flipping})
     torch._dynamo.reset()
 
 
@@ -386,14 +416,6 @@ def test_the_declared_ops_check_traces_layernorm_to_the_shims_op_and_says_the_ga
         "traced to fp4_dynamo_shim_flashinfer.layernorm.default on fake CUDA tensors (no GPU here)")
 
 
-def _declared_layer_reads(monkeypatch, **changes):
-    """The declared layer's part of status() as verify reads it, edited: a failed registration cannot be made
-    here without breaking FlashInfer (tests/declared/test_declared_ops_trace_on_cpu.py makes real ones)."""
-    real = fp4_dynamo_shim.status()
-    layer = {**real["flashinfer_ops"], **changes}
-    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**real, "flashinfer_ops": layer})
-
-
 def test_the_declared_ops_check_skips_with_the_gate_off_or_the_shim_reverted_and_says_why(applied_with):
     off = "FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered"
     assert applied_with(FLASHINFER_OPS="off")["applied"]
@@ -402,13 +424,23 @@ def test_the_declared_ops_check_skips_with_the_gate_off_or_the_shim_reverted_and
     assert _skip_reason(checks.check_flashinfer_ops) == off
 
 
-def test_the_declared_ops_check_names_every_failed_op_and_skips_where_layernorm_is_not_registered(monkeypatch):
-    failed = fp4_dynamo_shim.status()["flashinfer_ops"]["counts"]
-    _declared_layer_reads(monkeypatch, counts={**failed, "failed": 2}, failed=["flashinfer.a", "flashinfer.b"])
-    with pytest.raises(AssertionError, match=r"declared ops registered \(gate \w+\); failed: flashinfer.a, flashinfer.b$"):
+def test_the_declared_ops_check_names_every_op_torch_refused(monkeypatch, applied_with):
+    helpers.torch_refuses_declared_ops(monkeypatch, ops=("layernorm", "rmsnorm_quant"))
+    assert applied_with(FLASHINFER_OPS="sglang")["applied"]
+    with pytest.raises(AssertionError, match=r"^1 of \d+ declared ops registered \(gate sglang\); failed: "
+                                             r"flashinfer.norm.layernorm, flashinfer.norm.rmsnorm_quant$"):
         checks.check_flashinfer_ops("cpu")
-    _declared_layer_reads(monkeypatch, registered={})
-    with pytest.raises(checks.Skip, match="flashinfer.norm.layernorm is not among them here"):
+
+
+def test_the_declared_ops_check_skips_a_release_whose_layernorm_is_not_registered(monkeypatch, applied_with):
+    """A FlashInfer without ``flashinfer.norm.layernorm`` (stand-in: the installed one, the name deleted): the
+    layer registers what it can and the check, which shows layernorm, says it is not there."""
+    import flashinfer.norm
+
+    monkeypatch.delattr(flashinfer.norm, "layernorm")
+    assert applied_with(FLASHINFER_OPS="sglang")["applied"]
+    with pytest.raises(checks.Skip, match=r"^2 of \d+ declared ops registered \(gate sglang\); "
+                                          r"flashinfer.norm.layernorm is not among them here$"):
         checks.check_flashinfer_ops("cpu")
 
 
@@ -471,51 +503,6 @@ def test_the_flashinfer_op_check_compares_row_major_column_major_and_3d_input(mo
         checks.check_flashinfer_op("cpu")
 
 
-def _one_family_function(monkeypatch, shim, original, kwargs):
-    """The family check over one stand-in function: ``shim`` as the replaced function, ``original`` as
-    FlashInfer's, called with ``kwargs`` (the real ones are exercised by the tests above)."""
-    monkeypatch.setattr(checks.lifecycle, "status", lambda: {"family": {"nvfp4_quantize": "op-backed"}})
-    monkeypatch.setattr(checks, "family_examples", lambda device: {"nvfp4_quantize": ((), kwargs)})
-    monkeypatch.setattr(flashinfer, "nvfp4_quantize", shim)
-    monkeypatch.setattr(checks.lifecycle, "original_function", lambda name: original)
-
-
-def test_the_family_check_passes_each_example_its_keyword_arguments(monkeypatch):
-    def needs_out_dtype(**kwargs):
-        if kwargs != {"out_dtype": torch.bfloat16}:
-            raise ValueError("called without out_dtype")
-
-    _one_family_function(monkeypatch, needs_out_dtype, needs_out_dtype, {"out_dtype": torch.bfloat16})
-    assert checks.check_family("cpu") == "1 functions called once on cpu: result: nvfp4_quantize"
-
-    def same_error_only_with_out_dtype(**kwargs):
-        if kwargs == {"out_dtype": torch.bfloat16}:
-            raise ValueError("FlashInfer refuses this")
-
-    def refuses(**kwargs):
-        raise ValueError("FlashInfer refuses this")
-
-    _one_family_function(monkeypatch, refuses, same_error_only_with_out_dtype, {"out_dtype": torch.bfloat16})
-    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
-                                          "nvfp4_quantize: ValueError: FlashInfer refuses this")
-
-
-def test_the_family_check_quotes_80_characters_of_flashinfers_error_and_200_of_the_shims(monkeypatch):
-    def raises(text):
-        def function(**kwargs):
-            raise ValueError(text)
-        return function
-
-    long = "".join(f"{i:03d}," for i in range(100))  # 400 characters, each prefix distinct
-    _one_family_function(monkeypatch, raises(long), raises(long), {})
-    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
-                                          f"nvfp4_quantize: ValueError: {long[:80]}")
-    _one_family_function(monkeypatch, raises(long), lambda **kwargs: None, {})
-    with pytest.raises(AssertionError) as failed:
-        checks.check_family("cpu")
-    assert str(failed.value) == f"nvfp4_quantize: ValueError: {long[:200]} (FlashInfer's own function does not raise this)"
-
-
 def test_the_flashinfer_op_check_says_which_releases_have_the_op(monkeypatch):
     """On 0.6.3-0.6.11 (the matrix's legs) FlashInfer registers no op: the skip names the release that does."""
     monkeypatch.setattr(torch.ops, "flashinfer", types.SimpleNamespace())  # FlashInfer's ops as 0.6.11 has them
@@ -527,14 +514,16 @@ def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypa
     """The traced call is layernorm(x, weight, bias, 1e-6): the op in the graph takes the three graph inputs in
     that order and eps as given (a call with other arguments would be traced just as well, and say nothing
     about the call verify means to show)."""
-    graphs = []
+    graphs, compile = [], torch.compile
 
-    class Recording(checks._TraceOnly):
-        def __call__(self, graph_module, example_inputs):
+    def recording(function, backend, **options):  # the graph Dynamo hands the check's backend
+        def record(graph_module, example_inputs):
             graphs.append(graph_module)
-            return super().__call__(graph_module, example_inputs)
+            return backend(graph_module, example_inputs)
 
-    monkeypatch.setattr(checks, "_TraceOnly", Recording)
+        return compile(function, backend=record, **options)
+
+    monkeypatch.setattr(torch, "compile", recording)
     checks.check_flashinfer_ops("cpu")
     (graph,) = graphs
     inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
