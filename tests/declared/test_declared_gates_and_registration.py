@@ -12,6 +12,7 @@ notification, which its import finder sends), a second GPU's capability, and a c
 
 from __future__ import annotations
 
+import builtins
 import sys
 import types
 
@@ -26,13 +27,12 @@ import flashinfer.utils
 import fp4_dynamo_shim
 from _fp4_dynamo_shim import lifecycle
 from _fp4_dynamo_shim import switches
-from _fp4_dynamo_shim.declared import build
 from _fp4_dynamo_shim.declared import declared_layer
 from _fp4_dynamo_shim.declared import polyfill
 from _fp4_dynamo_shim.declared import proven
 
 from flashinfer_like import NO_OP_DECORATORS as DECORATORS
-from helpers import apply_with
+from helpers import apply_with, torch_refuses_declared_ops
 
 VERSION = lifecycle.flashinfer_version()
 GATE = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
@@ -170,7 +170,7 @@ def test_a_failure_when_torch_dynamo_is_imported_is_logged_and_recorded_not_rais
     not become theirs. It is in status() and in one warning."""
     layer, _ = _applied_before_dynamo(own_layers, monkeypatch)
 
-    monkeypatch.setattr(build.Registrar, "__init__", _no_fragment)
+    torch_refuses_declared_ops(monkeypatch, error=NO_FRAGMENT)
     switches.warned.clear()  # said once per process: the same failure may have been said by another test
     with caplog.at_level("WARNING", logger=WARNED):
         wrapt.notify_module_loaded(sys.modules["torch._dynamo"])  # returns: the import goes on
@@ -183,14 +183,14 @@ def test_a_failure_when_torch_dynamo_is_imported_is_logged_and_recorded_not_rais
 # --- failures while registering -----------------------------------------------------------------------------
 
 
-def _no_fragment(self, layer):
-    raise RuntimeError("injected: the fragment could not be made")
+#: What torch says, in the stand-in, when it will not make the fragment of the shim's declared ops.
+NO_FRAGMENT = RuntimeError("injected: the fragment could not be made")
 
 
 def test_a_failure_while_registering_with_torch_dynamo_imported_refuses_the_apply(monkeypatch):
     """Not a failure of one op (those are listed): with torch._dynamo already imported the layer registers
     inside apply(), so the failure is apply's, which undoes the layers before it and reports it."""
-    monkeypatch.setattr(build.Registrar, "__init__", _no_fragment)
+    torch_refuses_declared_ops(monkeypatch, error=NO_FRAGMENT)
     status = apply_with(monkeypatch, FLASHINFER_OPS="sglang")
     assert not status["applied"]
     assert "RuntimeError: injected: the fragment could not be made" in status["problem"]
@@ -204,15 +204,15 @@ def test_an_interruption_while_registering_takes_back_what_was_already_done(own_
     """Interrupted while handing the polyfills to Dynamo: the one already installed is taken back and the
     ops are destroyed, so Dynamo does not go on tracing FlashInfer's function into an op of a layer nobody
     holds."""
-    install, installed = polyfill.install, []
+    substitute, installed = torch._dynamo.substitute_in_graph, []
 
-    def interrupted_at_the_second(original, traceable):
+    def interrupted_at_the_second(original, **options):  # Dynamo's own entry, which each polyfill goes through
         installed.append(original)
         if len(installed) == 2:
             raise _Interrupted()
-        return install(original, traceable)
+        return substitute(original, **options)
 
-    monkeypatch.setattr(polyfill, "install", interrupted_at_the_second)
+    monkeypatch.setattr(torch._dynamo, "substitute_in_graph", interrupted_at_the_second)
     with pytest.raises(_Interrupted):
         own_layers("sglang")
     assert installed[0] is flashinfer.norm.rmsnorm_quant  # installed before the interruption...
@@ -258,26 +258,20 @@ def test_a_helper_another_library_already_substitutes_fails_every_op_it_serves(m
     assert fp4_dynamo_shim.apply()
 
 
-def test_capabilities_are_read_at_apply_for_every_visible_gpu(own_layers, monkeypatch):
-    """Stand-in: two GPUs of different capabilities (a CPU-only torch has none); only the layer's apply sees
-    them, since it is the one that asks."""
-    monkeypatch.setattr(declared_layer, "CAPABILITIES", {})
+def test_capabilities_read_at_apply_answer_the_traced_device_query_for_every_visible_gpu(own_layers, monkeypatch):
+    """Only the layer's apply asks torch for every GPU's capability; what Dynamo traces for
+    ``get_compute_capability`` answers from those: the device's index, the current device for a bare "cuda", and
+    FlashInfer's own error for any other device. Stand-ins: two GPUs of different capabilities and the current
+    device (1), which a CPU-only torch cannot give."""
     gpus = {0: (9, 0), 1: (10, 0)}
+    for index in gpus:  # unknown until apply reads them; the layer's table is as before once the test ends
+        monkeypatch.setitem(declared_layer.CAPABILITIES, index, None)
     with monkeypatch.context() as patch:
         patch.setattr(torch.cuda, "is_available", lambda: True)
         patch.setattr(torch.cuda, "device_count", lambda: 2)
         patch.setattr(torch.cuda, "get_device_capability", lambda device=None: gpus[0 if device is None else device])
         layer = own_layers("sglang")
     assert declared_layer.describe(layer)["failed"] == []
-    assert declared_layer.CAPABILITIES == gpus
-
-
-def test_the_traced_device_query_answers_from_the_capabilities_read_at_apply(monkeypatch):
-    """What Dynamo traces for ``get_compute_capability``: the recorded capability of the device's index, or
-    of the current device for a bare "cuda", and FlashInfer's own error for any other device. Stand-ins: the
-    two GPUs' capabilities and the current device (1), which a CPU-only torch cannot give."""
-    monkeypatch.setitem(declared_layer.CAPABILITIES, 0, (9, 0))
-    monkeypatch.setitem(declared_layer.CAPABILITIES, 1, (10, 0))
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
     query = flashinfer.utils.get_compute_capability
 
@@ -415,16 +409,17 @@ def _key(name, scope=()):
 
 
 def _failing_broken_getter(monkeypatch):
-    """get_broken_module's polyfill is built, then goes wrong (as a generated namespace that does not compile
-    would): the members it had built must not stay registered, the one it had refused keeps its reason."""
-    getter = build.getter
+    """get_broken_module's polyfill is built, then its generated namespace does not compile (stand-in: Python's
+    ``compile`` refuses that one source): the members it had built must not stay registered, the one it had
+    refused keeps its reason."""
+    compile_source = builtins.compile
 
-    def failing(layer, registrar, members, module, facts):
-        getter(layer, registrar, members, module, facts)
-        if facts.getter == "get_broken_module":
-            raise RuntimeError("injected: the polyfill did not compile")
+    def refusing(source, filename, *args, **kwargs):
+        if filename.endswith(f"{MODULE}.get_broken_module>"):
+            raise SyntaxError("injected: the polyfill did not compile")
+        return compile_source(source, filename, *args, **kwargs)
 
-    monkeypatch.setattr(build, "getter", failing)
+    monkeypatch.setattr(builtins, "compile", refusing)
 
 
 def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reason(stand_in_release, monkeypatch):
@@ -462,7 +457,7 @@ def test_a_getter_whose_polyfill_fails_lists_the_members_it_had_built_as_failed(
         layer = declared_layer.describe(stand_in_release())
     broken = ("get_broken_module",)
     first, second = _key("_first", broken), _key("_second", broken)
-    reason = "get_broken_module's polyfill: RuntimeError: injected: the polyfill did not compile"
+    reason = "get_broken_module's polyfill: SyntaxError: injected: the polyfill did not compile"
     assert layer["state"] == "registered" and layer["failed"] == [first, second]
     assert layer["not_registered"][first] == layer["not_registered"][second] == {"kind": "failed", "reason": reason}
     assert layer["not_registered"][_key("_unfaked", broken)] == {

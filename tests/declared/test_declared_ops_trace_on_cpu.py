@@ -29,7 +29,7 @@ from fp4_dynamo_shim.errors import ApplyError
 
 import declared_examples
 import verify_text
-from helpers import apply_with, run_python
+from helpers import apply_with, run_python, torch_refuses_declared_ops
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "declared_releases.json"
 GATE = "FP4_DYNAMO_SHIM_FLASHINFER_OPS"
@@ -333,16 +333,8 @@ def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
 
 
 def _break_layernorm(monkeypatch):
-    from _fp4_dynamo_shim.declared import build
-
-    register = build.Registrar.register
-
-    def failing(self, op, kernel, fake):
-        if op.name == "layernorm":
-            raise RuntimeError("injected define failure")
-        return register(self, op, kernel, fake)
-
-    monkeypatch.setattr(build.Registrar, "register", failing)
+    """torch refuses to define the shim's layernorm op (helpers.torch_refuses_declared_ops)."""
+    torch_refuses_declared_ops(monkeypatch, ops=("layernorm",))
 
 
 def test_one_op_failing_to_register_is_listed_and_the_shim_stays_applied(monkeypatch, every_op, caplog):

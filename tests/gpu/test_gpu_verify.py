@@ -110,17 +110,18 @@ def test_baseline_says_the_shim_is_not_needed_when_the_unpatched_function_compil
     assert str(raised.value) == "the unpatched function compiled under fullgraph; the shim is not needed here"
 
 
-def _quantize_after_a_graph_break(x, global_scale):
+def test_cuda_graph_check_compiles_with_fullgraph_so_a_graph_break_fails_it(device_mode, monkeypatch):
+    # Fault: flashinfer.fp4_quantize, which the check compiles, breaks the graph. Under fullgraph=True the check
+    # raises Dynamo's Unsupported; without it the break would be compiled around and the check would pass.
     import flashinfer
 
-    torch._dynamo.graph_break()
-    return flashinfer.fp4_quantize(x, global_scale)
+    quantize = flashinfer.fp4_quantize
 
+    def after_a_graph_break(x, global_scale):
+        torch._dynamo.graph_break()
+        return quantize(x, global_scale)
 
-def test_cuda_graph_check_compiles_with_fullgraph_so_a_graph_break_fails_it(device_mode, monkeypatch):
-    # Fault: the function the check compiles breaks the graph. Under fullgraph=True the check raises
-    # Dynamo's Unsupported; without it the break would be compiled around and the check would pass.
-    monkeypatch.setattr(checks, "_quantize", _quantize_after_a_graph_break)
+    monkeypatch.setattr(flashinfer, "fp4_quantize", after_a_graph_break)
     torch._dynamo.reset()
     try:
         with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
@@ -173,15 +174,18 @@ def test_flashinfer_op_check_compiles_captures_and_replays_on_the_gpu(device_mod
 
 
 def _faulty_quantize(monkeypatch, fault_at_call: int, fault):
-    """``checks._quantize`` whose ``fault_at_call``-th call (from 1) gives ``fault(outputs)``."""
-    original, calls = checks._quantize, []
+    """``flashinfer.fp4_quantize`` (the function the check compares the op with) whose ``fault_at_call``-th
+    call (from 1) gives ``fault(outputs)``."""
+    import flashinfer
+
+    original, calls = flashinfer.fp4_quantize, []
 
     def quantize(x, scale):
         calls.append(1)
         outputs = original(x, scale)
         return fault(outputs) if len(calls) == fault_at_call else outputs
 
-    monkeypatch.setattr(checks, "_quantize", quantize)
+    monkeypatch.setattr(flashinfer, "fp4_quantize", quantize)
 
 
 @needs_flashinfer_op
@@ -210,15 +214,17 @@ def test_flashinfer_op_check_names_values_that_differ_in_a_layout_or_a_replay(re
 
 
 def test_cuda_graph_check_names_a_replay_that_differs_from_eager(reference_mode, monkeypatch):
-    # stand-in fault: eager's answer (the function run outside the compiled graph, after the replay) differs
-    # from what the captured graph wrote
-    original = checks._quantize
+    # stand-in fault: eager's answer (flashinfer.fp4_quantize run outside the compiled graph, after the replay)
+    # differs from what the captured graph wrote
+    import flashinfer
+
+    original = flashinfer.fp4_quantize
 
     def quantize(x, scale):
         values, scales = original(x, scale)
         return (values, scales) if torch.compiler.is_compiling() else (values ^ 1, scales)
 
-    monkeypatch.setattr(checks, "_quantize", quantize)
+    monkeypatch.setattr(flashinfer, "fp4_quantize", quantize)
     torch._dynamo.reset()
     try:
         with pytest.raises(AssertionError) as failed:

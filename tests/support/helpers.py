@@ -60,3 +60,29 @@ def describe(argument):
         return ("tensor", tuple(argument.shape), argument.stride(), argument.dtype,
                 argument.untyped_storage().nbytes(), data if argument.dtype != torch.uint8 else None)
     return (type(argument).__name__, argument)
+
+
+#: The namespace of the ops the shim declares for FlashInfer (what ``torch.ops`` shows to a user).
+DECLARED_NAMESPACE = "fp4_dynamo_shim_flashinfer"
+
+
+def torch_refuses_declared_ops(monkeypatch, ops=None, error=RuntimeError("injected define failure")) -> None:
+    """Fault at torch's side of the seam: ``torch.library`` refuses the shim's declared-op namespace, either
+    making its fragment at all (``ops`` None) or defining the ops named in ``ops``. Everything of the shim
+    runs as it would when torch refuses for real (a name taken, a schema this torch cannot parse)."""
+    import torch.library
+
+    library, define = torch.library.Library, torch.library.Library.define
+
+    class Refusing(library):
+        def __init__(self, ns, kind, *args, **kwargs):
+            if ops is None and ns == DECLARED_NAMESPACE:
+                raise error
+            super().__init__(ns, kind, *args, **kwargs)
+
+        def define(self, schema, *args, **kwargs):
+            if ops is not None and self.ns == DECLARED_NAMESPACE and schema.split("(", 1)[0] in ops:
+                raise error
+            return define(self, schema, *args, **kwargs)
+
+    monkeypatch.setattr(torch.library, "Library", Refusing)

@@ -1,5 +1,6 @@
-"""verify's checks (``checks.py``) in this process, on CPU: each check that runs here passes and says what it
-showed, fails on the fault it exists to see, and the ones that need a GPU say so.
+"""verify's checks in this process, on CPU: each check that runs here passes and says what it showed, the ones
+that need a GPU say so, and the branches a GPU takes run on CPU tensors. Each check handed the fault it exists to
+see: test_verify_checks_see_their_faults.py.
 
 verify's command line (a child process per call) is tested in test_activation.py and test_no_route_is_silently_off.py; here
 the checks are called directly, so that a broken check is seen by a test that reaches it (and by mutmut's
@@ -10,8 +11,6 @@ branches verify takes on an SM90 GPU run on CPU tensors; everything else is the 
 
 from __future__ import annotations
 
-import types
-
 import flashinfer
 import pytest
 import torch
@@ -20,9 +19,6 @@ import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import checks, report
 from _fp4_dynamo_shim.verify import sglang
 from _fp4_dynamo_shim.fp4 import flashinfer_op
-from _fp4_dynamo_shim.fp4 import quantize_op
-from _fp4_dynamo_shim import lifecycle
-from fp4_dynamo_shim.errors import NoFp4KernelError
 
 FAMILY = ("nvfp4_quantize", "mxfp4_quantize", "block_scale_interleave", "e2m1_and_ufp8sf_scale_to_float",
           "mxfp4_dequantize", "mxfp4_dequantize_host", "nvfp4_batched_quantize", "scaled_fp4_grouped_quantize",
@@ -164,81 +160,6 @@ def test_every_check_is_listed_once_in_verifys_order():
     assert all(callable(check) and check.__name__.startswith("check_") for _, check, _ in report.ordered_checks())
 
 
-# --- each check fails on the fault it exists to see --------------------------------------------------------
-
-def test_the_static_trace_check_fails_on_a_graph_break(monkeypatch):
-    real = flashinfer.fp4_quantize
-
-    def with_a_break(*args, **kwargs):
-        torch._dynamo.graph_break()
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(flashinfer, "fp4_quantize", with_a_break)
-    with pytest.raises(Exception, match="graph_break|Graph break"):
-        checks.check_trace_static("cpu")
-
-
-def test_the_dynamic_trace_check_fails_on_a_recompilation(monkeypatch):
-    monkeypatch.setattr(torch._dynamo, "mark_dynamic", lambda tensor, dim: None)  # M stays static: 2 compilations
-    with pytest.raises(AssertionError, match=r"2 compilations for M in \(2, 17, 300\); expected 1"):
-        checks.check_trace_dynamic("cpu")
-
-
-def test_the_opcheck_check_fails_when_the_fake_disagrees_with_the_kernel(monkeypatch):
-    quantize = quantize_op.quantize
-
-    def lying_fake(*args, launch):
-        values, scales = quantize(*args, launch=launch)
-        return (values.view(torch.int8), scales) if launch is None else (values, scales)
-
-    monkeypatch.setattr(quantize_op, "quantize", lying_fake)
-    with pytest.raises(Exception, match="dtype|int8|uint8"):
-        checks.check_opcheck("cpu")
-
-
-def test_the_flashinfer_op_check_fails_on_wrong_strides_and_on_wrong_values(monkeypatch):
-    if not flashinfer_op.flashinfer_has_op():
-        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
-    quantize = flashinfer.fp4_quantize  # the function the check compares FlashInfer's op with
-    monkeypatch.setattr(flashinfer, "fp4_quantize", lambda x, s: tuple(t.contiguous() for t in quantize(x, s)))
-    with pytest.raises(AssertionError, match=r"column-major: compiled op gives \(32, 256\)/\(1, 32\), the function "
-                                             r"\(32, 256\)/\(256, 1\)"):
-        checks.check_flashinfer_op("cpu")
-    monkeypatch.undo()
-
-    _flip_one_output_bit(monkeypatch)
-    with pytest.raises(AssertionError, match="row-major: the compiled op's values differ from flashinfer.fp4_quantize's"):
-        checks.check_flashinfer_op("cpu")
-
-
-def test_the_family_check_fails_on_an_error_flashinfer_does_not_raise(monkeypatch):
-    def broken(*args, **kwargs):
-        raise ValueError("a shim fault")
-
-    monkeypatch.setattr(flashinfer, "mm_fp4", broken)
-    with pytest.raises(AssertionError, match=r"^mm_fp4: ValueError: a shim fault \(FlashInfer's own function does "
-                                             r"not raise this\)$"):
-        checks.check_family("cpu")
-
-
-def test_the_family_check_accepts_flashinfers_own_error_and_the_shims_refusal(monkeypatch):
-    original = lifecycle.original_function("block_scale_interleave")
-    with pytest.raises(Exception) as own:
-        original(*checks.family_examples("cpu")["block_scale_interleave"][0])  # FlashInfer's JIT path needs a GPU
-
-    def refuse(*args, **kwargs):
-        raise NoFp4KernelError("no FP4 kernel")
-
-    monkeypatch.setattr(flashinfer, "block_scale_interleave", original)
-    monkeypatch.setattr(flashinfer, "mxfp4_quantize", refuse)
-    detail = checks.check_family("cpu")
-    others = [n for n in replaced_family() if n not in ("block_scale_interleave", "mxfp4_quantize")]
-    message = str(own.value)[:80]
-    assert detail == (f"{len(replaced_family())} functions called once on cpu: result: {', '.join(others)}; "
-                      "refused (no FP4 kernel): mxfp4_quantize; "
-                      f"FlashInfer's own error: block_scale_interleave: {type(own.value).__name__}: {message}")
-
-
 # --- on a GPU without the FP4 kernel (stand-in: the device state) ---------------------------------------------
 
 def test_where_nothing_launches_the_trace_checks_trace_on_fake_tensors_and_the_rest_skip(device_mode, kernel_stand_in):
@@ -354,26 +275,6 @@ def test_on_a_gpu_the_checks_go_by_what_the_current_gpu_loaded(current, launches
     assert goes_past_its_gate(checks.check_compiled_matches_eager) is computes
 
 
-def test_verifys_compiled_vs_eager_check_fails_on_a_one_bit_difference(monkeypatch):
-    # Eager calls keep the launcher the replacement bound when it was built: only the compiled region flips.
-    _flip_one_output_bit(monkeypatch)
-    with pytest.raises(AssertionError, match="compiled output differs from eager"):
-        checks.check_compiled_matches_eager("cpu")
-    monkeypatch.undo()
-    torch._dynamo.reset()
-    assert "equals eager bitwise" in checks.check_compiled_matches_eager("cpu")
-
-
-def _flip_one_output_bit(monkeypatch):
-    """Fault injection: the op's CPU kernel (what a compiled region runs) flips one bit of its scale factors."""
-    def flipped(input, *arguments):
-        quantize_op.launch_reference(input, *arguments)
-        arguments[1].view(-1)[0] ^= 1
-
-    monkeypatch.setattr(quantize_op, "launch_for", lambda input: flipped)
-    torch._dynamo.reset()
-
-
 # --- FlashInfer's declared ops: verify's check on CPU (its GPU branch runs and compares on the H200) --------
 
 def test_the_declared_ops_check_traces_layernorm_to_the_shims_op_and_says_the_gates_counts():
@@ -386,161 +287,12 @@ def test_the_declared_ops_check_traces_layernorm_to_the_shims_op_and_says_the_ga
         "traced to fp4_dynamo_shim_flashinfer.layernorm.default on fake CUDA tensors (no GPU here)")
 
 
-def _declared_layer_reads(monkeypatch, **changes):
-    """The declared layer's part of status() as verify reads it, edited: a failed registration cannot be made
-    here without breaking FlashInfer (tests/declared/test_declared_ops_trace_on_cpu.py makes real ones)."""
-    real = fp4_dynamo_shim.status()
-    layer = {**real["flashinfer_ops"], **changes}
-    monkeypatch.setattr(checks.lifecycle, "status", lambda: {**real, "flashinfer_ops": layer})
-
-
 def test_the_declared_ops_check_skips_with_the_gate_off_or_the_shim_reverted_and_says_why(applied_with):
     off = "FP4_DYNAMO_SHIM_FLASHINFER_OPS=off: FlashInfer's declared ops are not registered"
     assert applied_with(FLASHINFER_OPS="off")["applied"]
     assert _skip_reason(checks.check_flashinfer_ops) == off
     fp4_dynamo_shim.revert()
     assert _skip_reason(checks.check_flashinfer_ops) == off
-
-
-def test_the_declared_ops_check_names_every_failed_op_and_skips_where_layernorm_is_not_registered(monkeypatch):
-    failed = fp4_dynamo_shim.status()["flashinfer_ops"]["counts"]
-    _declared_layer_reads(monkeypatch, counts={**failed, "failed": 2}, failed=["flashinfer.a", "flashinfer.b"])
-    with pytest.raises(AssertionError, match=r"declared ops registered \(gate \w+\); failed: flashinfer.a, flashinfer.b$"):
-        checks.check_flashinfer_ops("cpu")
-    _declared_layer_reads(monkeypatch, registered={})
-    with pytest.raises(checks.Skip, match="flashinfer.norm.layernorm is not among them here"):
-        checks.check_flashinfer_ops("cpu")
-
-
-def test_the_declared_ops_check_fails_when_layernorm_reaches_no_shim_op(monkeypatch):
-    import flashinfer.norm
-
-    monkeypatch.setattr(flashinfer.norm, "layernorm",
-                        lambda x, weight, bias, eps: torch.nn.functional.layer_norm(x, x.shape[-1:], weight, bias, eps))
-    with pytest.raises(AssertionError, match=r"layernorm: 1 graphs, shim ops \[\]"):
-        checks.check_flashinfer_ops("cpu")
-
-
-# --- what the checks' failures say, and what they call (from mutmut's survivors in checks.py) ------------------
-def test_the_static_trace_check_fails_on_a_break_even_when_one_graph_is_counted(monkeypatch):
-    """Stand-in for Dynamo's explain(): under fullgraph=True the trace itself raises on a break, so a real
-    function cannot reach the count with one graph and one break; a graph break after the last op gives
-    exactly that count, and the check must refuse it as it refuses two graphs."""
-    from types import SimpleNamespace
-
-    for graphs, breaks in ((1, 1), (2, 0)):
-        monkeypatch.setattr(torch._dynamo, "explain", lambda function, g=graphs, b=breaks: lambda *args: SimpleNamespace(
-            graph_count=g, graph_break_count=b))
-        with pytest.raises(AssertionError) as failed:
-            checks.check_trace_static("cpu")
-        assert str(failed.value) == f"{graphs} graphs, {breaks} graph breaks"
-
-
-def test_the_compiled_vs_eager_check_fails_on_another_layout_of_the_same_values(monkeypatch):
-    """The compiled function is a stand-in that gives eager's outputs in column-major layout: same shape, same
-    values, other strides. A caller that reads the strides (a GEMM taking the scales) would see other bytes."""
-    def compile_to_column_major(function, **options):
-        return lambda *args: tuple(t.t().contiguous().t() for t in function(*args))
-
-    monkeypatch.setattr(torch, "compile", compile_to_column_major)
-    with pytest.raises(AssertionError, match=r"^M=1: compiled output differs from eager$"):
-        checks.check_compiled_matches_eager("cpu")
-
-
-def test_the_flashinfer_op_check_compares_row_major_column_major_and_3d_input(monkeypatch):
-    """What the check says it covers is what it calls: the function's eager side sees each layout once, and a
-    fault in the 3-D case is named as the 3-D case."""
-    if not flashinfer_op.flashinfer_has_op():
-        pytest.skip("this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)")
-    quantize, seen = flashinfer.fp4_quantize, []
-
-    def recording(x, s):
-        seen.append((tuple(x.shape), x.stride()))
-        return quantize(x, s)
-
-    monkeypatch.setattr(flashinfer, "fp4_quantize", recording)
-    checks.check_flashinfer_op("cpu")
-    assert seen == [((64, 256), (256, 1)), ((64, 256), (1, 64)), ((2, 32, 256), (8192, 256, 1))]
-
-    def wrong_for_3d(x, s):
-        packed, scales = quantize(x, s)
-        return (packed.reshape(-1, packed.shape[-1]), scales) if x.dim() == 3 else (packed, scales)
-
-    monkeypatch.setattr(flashinfer, "fp4_quantize", wrong_for_3d)
-    with pytest.raises(AssertionError, match=r"^3-D: compiled op gives \(2, 32, 128\)/"):
-        checks.check_flashinfer_op("cpu")
-
-
-def _one_family_function(monkeypatch, shim, original, kwargs):
-    """The family check over one stand-in function: ``shim`` as the replaced function, ``original`` as
-    FlashInfer's, called with ``kwargs`` (the real ones are exercised by the tests above)."""
-    monkeypatch.setattr(checks.lifecycle, "status", lambda: {"family": {"nvfp4_quantize": "op-backed"}})
-    monkeypatch.setattr(checks, "family_examples", lambda device: {"nvfp4_quantize": ((), kwargs)})
-    monkeypatch.setattr(flashinfer, "nvfp4_quantize", shim)
-    monkeypatch.setattr(checks.lifecycle, "original_function", lambda name: original)
-
-
-def test_the_family_check_passes_each_example_its_keyword_arguments(monkeypatch):
-    def needs_out_dtype(**kwargs):
-        if kwargs != {"out_dtype": torch.bfloat16}:
-            raise ValueError("called without out_dtype")
-
-    _one_family_function(monkeypatch, needs_out_dtype, needs_out_dtype, {"out_dtype": torch.bfloat16})
-    assert checks.check_family("cpu") == "1 functions called once on cpu: result: nvfp4_quantize"
-
-    def same_error_only_with_out_dtype(**kwargs):
-        if kwargs == {"out_dtype": torch.bfloat16}:
-            raise ValueError("FlashInfer refuses this")
-
-    def refuses(**kwargs):
-        raise ValueError("FlashInfer refuses this")
-
-    _one_family_function(monkeypatch, refuses, same_error_only_with_out_dtype, {"out_dtype": torch.bfloat16})
-    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
-                                          "nvfp4_quantize: ValueError: FlashInfer refuses this")
-
-
-def test_the_family_check_quotes_80_characters_of_flashinfers_error_and_200_of_the_shims(monkeypatch):
-    def raises(text):
-        def function(**kwargs):
-            raise ValueError(text)
-        return function
-
-    long = "".join(f"{i:03d}," for i in range(100))  # 400 characters, each prefix distinct
-    _one_family_function(monkeypatch, raises(long), raises(long), {})
-    assert checks.check_family("cpu") == ("1 functions called once on cpu: FlashInfer's own error: "
-                                          f"nvfp4_quantize: ValueError: {long[:80]}")
-    _one_family_function(monkeypatch, raises(long), lambda **kwargs: None, {})
-    with pytest.raises(AssertionError) as failed:
-        checks.check_family("cpu")
-    assert str(failed.value) == f"nvfp4_quantize: ValueError: {long[:200]} (FlashInfer's own function does not raise this)"
-
-
-def test_the_flashinfer_op_check_says_which_releases_have_the_op(monkeypatch):
-    """On 0.6.3-0.6.11 (the matrix's legs) FlashInfer registers no op: the skip names the release that does."""
-    monkeypatch.setattr(torch.ops, "flashinfer", types.SimpleNamespace())  # FlashInfer's ops as 0.6.11 has them
-    assert _skip_reason(checks.check_flashinfer_op) == \
-        "this FlashInfer registers no torch.ops.flashinfer.fp4_quantize (0.6.12+)"
-
-
-def test_the_declared_ops_check_traces_layernorm_on_the_inputs_it_built(monkeypatch):
-    """The traced call is layernorm(x, weight, bias, 1e-6): the op in the graph takes the three graph inputs in
-    that order and eps as given (a call with other arguments would be traced just as well, and say nothing
-    about the call verify means to show)."""
-    graphs = []
-
-    class Recording(checks._TraceOnly):
-        def __call__(self, graph_module, example_inputs):
-            graphs.append(graph_module)
-            return super().__call__(graph_module, example_inputs)
-
-    monkeypatch.setattr(checks, "_TraceOnly", Recording)
-    checks.check_flashinfer_ops("cpu")
-    (graph,) = graphs
-    inputs = [n for n in graph.graph.nodes if n.op == "placeholder"]
-    (op,) = [n for n in graph.graph.nodes if "fp4_dynamo_shim_flashinfer" in str(n.target)]
-    assert [tuple(n.meta["example_value"].shape) for n in inputs] == [(64, 128), (128,), (128,)]
-    assert list(op.args[:3]) == inputs and op.args[3:] + tuple(op.kwargs.values()) == (1e-6,)
 
 
 # --- branches a GPU reaches, driven here with the device state and SGLang's outcome stood in ------------------

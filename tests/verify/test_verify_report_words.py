@@ -6,7 +6,7 @@ here ``cli.main(["verify", ...])`` and the report's helpers are called directly,
 test that reaches it (and by mutmut's trampolines, which do not follow child processes). Stand-ins: the status
 and environment that ``_print_text`` words are written out here (every field it reads, with values no machine
 here has: two GPUs, a GPU record, a warning), and ``main``'s check list where the test needs a failing or
-raising check; the checks themselves are test_verify_checks_on_cpu.py's.
+raising check; the checks themselves are test_verify_checks_on_cpu.py's and test_verify_checks_see_their_faults.py's.
 """
 
 from __future__ import annotations
