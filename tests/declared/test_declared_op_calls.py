@@ -17,7 +17,6 @@ import functools
 import inspect
 import logging
 import types
-import typing
 from typing import Optional, Tuple, Union
 
 import pytest

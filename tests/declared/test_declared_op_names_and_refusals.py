@@ -27,7 +27,6 @@ import pytest
 import torch
 
 from _fp4_dynamo_shim.declared import build
-from _fp4_dynamo_shim.declared import scan
 from _fp4_dynamo_shim.declared.codegen import NotExpressible, NotExpressibleError
 
 import flashinfer_like
