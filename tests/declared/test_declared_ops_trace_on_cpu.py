@@ -28,7 +28,6 @@ from _fp4_dynamo_shim.declared import polyfill
 from fp4_dynamo_shim.errors import ApplyError
 
 import declared_examples
-import verify_text
 from helpers import apply_with, run_python, torch_refuses_declared_ops
 
 TABLE = Path(__file__).resolve().parents[1] / "data" / "declared_releases.json"
@@ -259,20 +258,6 @@ def test_unpatched_flashinfer_does_not_trace_the_same_calls(unpatched):
         _trace(function, args, kwargs)
 
 
-def test_the_default_gate_registers_exactly_what_sglang_calls_raw(monkeypatch):
-    from _fp4_dynamo_shim.declared import rules
-
-    layer = _reapply(monkeypatch, "sglang")
-    package = Path(flashinfer.__file__).parent
-    files = [package.parent.joinpath(*module.split(".")) for module, _ in rules.SGLANG]
-    files = [f / "__init__.py" if f.is_dir() else f.with_suffix(".py") for f in files]
-    present = {(d.module, d.name) for d in scan.scan_files(package, [f for f in files if f.exists()]).declarations}
-    expected = {f"{declared_layer.NAMESPACE}::{name}" for module, name in rules.SGLANG if (module, name) in present}
-    assert set(layer["registered"].values()) == expected
-    assert f"{declared_layer.NAMESPACE}::layernorm" in expected  # every release 0.5.3-0.7.4 declares it
-    assert {entry["kind"] for entry in layer["not_registered"].values()} <= {"off under the gate"}
-
-
 def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_release(monkeypatch):
     """With a record for the installed release: SGLang's set plus exactly the recorded declarations, each
     function the record names traced to its op; without one (0.7.4 has none): SGLang's set, and the status
@@ -314,22 +299,6 @@ def test_the_proven_gate_adds_what_the_gpu_record_proved_for_the_installed_relea
                 except Exception as error:
                     if not any(text in str(error) for text in NO_GPU_TO_ASK):
                         raise AssertionError(name) from error
-
-
-def test_the_gate_off_registers_nothing(monkeypatch):
-    layer = _reapply(monkeypatch, "off")
-    assert layer["registered"] == {} and layer["gate"] == "off"
-    import flashinfer.norm
-
-    assert not polyfill.is_polyfilled(flashinfer.norm.layernorm)
-
-
-def test_an_unknown_gate_value_warns_and_strict_refuses(monkeypatch, caplog):
-    layer = _reapply(monkeypatch, "everything")
-    assert layer["gate"] == declared_layer.DEFAULT == "proven"
-    assert any(GATE in warning for warning in fp4_dynamo_shim.status()["warnings"])
-    with pytest.raises(ApplyError, match=GATE):
-        apply_with(monkeypatch, STRICT="1")
 
 
 def _break_layernorm(monkeypatch):
@@ -420,55 +389,3 @@ def get_module(kind: str):
     assert (nested.name, nested.getter, nested.getter_parameters, nested.fake.function) == (
         None, "get_module", "kind: str", "_fake_op")
     assert namespaces[0].keys_of("_op") == ("=f'{kind}_op'",)
-
-
-def test_the_record_is_chosen_by_the_version_the_lifecycle_resolved_not_by_flashinfers_attribute(monkeypatch):
-    """The installed distribution's version (what the release table and status() use) picks the record: a
-    FlashInfer whose ``__version__`` says another release (a local build, a patched copy) gets the record of
-    what is installed, not of what the attribute claims."""
-    import flashinfer
-    from _fp4_dynamo_shim.declared import proven
-
-    version = lifecycle.flashinfer_version()
-    other = next(v for v in sorted(proven.PROVEN) if v != version)
-    monkeypatch.setattr(flashinfer, "__version__", other)
-    layer = _reapply(monkeypatch, "proven")
-    assert layer["proven"] is None if version not in proven.PROVEN else layer["proven"]["flashinfer"] == version
-
-
-def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeypatch):
-    from _fp4_dynamo_shim.declared import proven
-    from _fp4_dynamo_shim.verify import report
-
-    def verify_says(gate):
-        _reapply(monkeypatch, gate)
-        return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status())
-
-    version = lifecycle.flashinfer_version()
-    monkeypatch.delitem(proven.PROVEN, version, raising=False)
-    assert verify_says("proven").endswith("; no GPU record for the installed FlashInfer: SGLang's calls only")
-    assert verify_says("all").endswith(" declarations registered; no GPU record for the installed FlashInfer")
-    assert verify_says("sglang").endswith(" declarations registered")
-    monkeypatch.setitem(proven.PROVEN, version, {
-        "date": "2026-12-02", "machine": "NVIDIA H200", "torch": "2.11.0+cu130", "shim": "abc1234",
-        "functions_passed": 1, "functions_run": 1,
-        "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
-                                                       "functions": ["norm.layernorm"]}}})
-    assert verify_says("proven").endswith(
-        f" declarations registered; GPU record for FlashInfer {version}: 1 declarations through 1 functions "
-        "(2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234)")
-
-
-def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they_become():
-    """Each release's record against that release's row of the CPU table (tests/data/declared_releases.json):
-    a record written from a wrong release, or left behind by a renamed declaration, fails here."""
-    from _fp4_dynamo_shim.declared import proven
-
-    table = json.loads(TABLE.read_text())["releases"]
-    assert proven.PROVEN, "no GPU record at all"
-    for version, record in proven.PROVEN.items():
-        registered = table[version]["registered"]
-        assert set(record) == {*proven.MEASURED, "declarations"} and record["declarations"], version
-        for key, entry in record["declarations"].items():
-            assert registered.get(key) == f"{declared_layer.NAMESPACE}::{entry['op']}", (version, key)
-            assert key.startswith(entry["module"] + ".") and entry["functions"], (version, key)

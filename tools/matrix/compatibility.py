@@ -22,6 +22,7 @@ CHECKS = {
     "kernel modes and edges": "tests/fp4/test_kernel_modes.py",
     "FlashInfer's own op": "tests/fp4/test_flashinfers_own_fp4_op_repaired.py",
     "FlashInfer's declared ops": "tests/declared/test_declared_ops_trace_on_cpu.py",
+    "declared-op gates and GPU records": "tests/declared/test_declared_gate_values_and_gpu_records.py",
     "attention run parameters": "tests/declared/test_attention_parameters_read_from_sources.py",
 }
 
