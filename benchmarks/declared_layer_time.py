@@ -24,7 +24,7 @@ import fp4_dynamo_shim
 import torch._dynamo
 layer = fp4_dynamo_shim.status()["flashinfer_ops"]
 print(json.dumps({"seconds": layer["seconds"], "registered": layer["counts"]["registered"],
-                  "declared": layer["counts"]["declared"], "flashinfer": fp4_dynamo_shim.status()["flashinfer"]}))
+                  "declared": layer["counts"]["declared"], "flashinfer": fp4_dynamo_shim.status()["flashinfer"]["version"]}))
 """
 
 
