@@ -1,6 +1,6 @@
 """The readers of SGLang's source over hand-written files shaped as a future release might write them.
 
-The 36 recorded releases (test_sglang_source.py) agree on details a reader could get wrong without any of them
+The 36 recorded releases (test_sglang_source_read_for_every_release.py) agree on details a reader could get wrong without any of them
 showing it: the order of a call's keywords, an annotated assignment, a second phase in the backends table, a
 decorator that is an attribute call, both bindings of ``fp4_quantize`` in one file, a requirement with a marker
 that is not an extra. Each test here writes the smallest set of files that differ in that one detail and holds

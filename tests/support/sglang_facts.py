@@ -13,7 +13,7 @@ the wheels; run this after adding a release (and add the release to ``RELEASES``
 
 It also records, in ``tests/data/sglang_reads.json.xz`` (340 KB: 174 distinct files, each stored once), every
 file ``sglang_source.read_release`` asks each wheel for and the wheel's ``Requires-Dist`` lines, so that
-``tests/sglang/test_sglang_source.py`` runs the source readers over all 36 releases without the wheels and
+``tests/sglang/test_sglang_source_read_for_every_release.py`` runs the source readers over all 36 releases without the wheels and
 holds what they read against ``sglang_facts.json``.
 
 For ``SOURCE_RELEASES`` and ``MLP_RELEASES`` it also copies, byte for byte, SGLang's ``fp4_utils.py`` (the FP4 wrapper op),
