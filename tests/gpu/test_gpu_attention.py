@@ -83,6 +83,10 @@ WRAPPERS = [("decode", "fa2", False), ("decode", "fa2", True), ("decode_tensor_c
             ("prefill_ragged", "fa2", False), ("prefill_ragged", "fa2", True)]
 WRAPPERS += [pytest.param(kind, "fa3", graph, marks=pytest.mark.skipif(not ON_SM90, reason="fa3 is SM90's"))
              for kind in ("prefill_paged", "prefill_ragged") for graph in (False, True)]
+# trtllm-gen's decode kernels are built for SM100 only: on the H200 these are skipped; its CPU counterpart with a
+# stand-in module is tests/declared/test_trtllm_gen_decode_wrapper.py.
+WRAPPERS += [pytest.param("decode", "trtllm-gen", False, marks=pytest.mark.skipif(
+    SM is None or SM[0] != 10, reason="trtllm-gen decode is FlashInfer's SM100 backend"))]
 
 
 def _attention_wrapper(kind, backend, use_cuda_graph):

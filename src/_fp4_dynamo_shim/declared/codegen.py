@@ -79,15 +79,16 @@ def getter_argument(name: str) -> str:
 
 def plan(name: str, function: str, signature: inspect.Signature, mutates, getter_signature=None, carried=()) -> Op:
     """The op for a function with ``signature`` (and, when nested, its getter's); raises NotExpressible.
-    ``carried``: the parameters (int lists) the op takes as a tensor, ``rules.PLAN_TENSOR``."""
+    ``carried``: parameter -> the adapter the attention table's facts give it (``rules.attention_carried``)."""
     pieces, pack, unpack, checks, fake_unpack = [], [], [], [], []
     if getter_signature is not None:
         for parameter in _parameters(getter_signature, "its getter"):
             pieces.append(Piece(getter_argument(parameter.name), parameter.annotation))
             pack.append(getter_argument(parameter.name))
     for parameter in _parameters(signature, function):
-        carry = parameter.name in carried
-        adapter = rules.PLAN_TENSOR if carry else rules.adapter_for(parameter.annotation)
+        adapter = carried.get(parameter.name) if carried else None
+        carry = adapter is rules.PLAN_TENSOR
+        adapter = adapter or rules.adapter_for(parameter.annotation)
         if adapter is None:
             pieces.append(Piece(parameter.name, parameter.annotation))
             pack.append(parameter.name)

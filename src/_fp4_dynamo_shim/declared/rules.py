@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
@@ -313,10 +313,16 @@ def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[st
     return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":w"))
 
 
-def attention_carried(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
-    """The int lists ``run`` takes (the plan's ``plan_info_vec``), which the op carries as a tensor (PLAN_TENSOR)."""
+def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, Adapter]:
+    """``run``'s parameters the op carries in a form of its own, by the table's facts rather than FlashInfer's
+    annotation: the int lists (the plan's ``plan_info_vec``) as a tensor (PLAN_TENSOR), the user's KV cache
+    (KV_CACHE)."""
     row = _attention_row(release, getter, run)
-    return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":l"))
+    if row is None:
+        return {}
+    names = [p[:-2] for p in row["parameters"].split()]
+    return {**{name: KV_CACHE for name in names if name == "paged_kv_cache"},
+            **{p[:-2]: PLAN_TENSOR for p in row["parameters"].split() if p.endswith(":l")}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
@@ -326,6 +332,15 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Tuple[st
 #: trtllm-gen's decode plan is None (its kernel reads no plan): None crosses as None.
 PLAN_TENSOR = Adapter("int list carried as a tensor", (("", Optional[torch.Tensor]),), "_plan_tensor({n})",
                       "None if {n} is None else {n}.tolist()")
+
+#: trtllm-gen decode's ``paged_kv_cache``, annotated ``Optional[torch.Tensor]``, is the decode wrapper's ``run()``
+#: argument as the user gave it: one tensor or a (k, v) pair, which no schema type holds. Its kernel only checks
+#: that it is given; the pair crosses as its two tensors (a list given comes back a tuple).
+KV_CACHE = Adapter("a KV cache: one tensor or a (k, v) pair",
+                   (("", Optional[torch.Tensor]), ("__v", Optional[torch.Tensor])),
+                   "{n}[0] if isinstance({n}, (tuple, list)) else {n}, "
+                   "{n}[1] if isinstance({n}, (tuple, list)) else None",
+                   "{n} if {n}__v is None else ({n}, {n}__v)")
 
 
 def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
