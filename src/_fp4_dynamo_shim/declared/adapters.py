@@ -43,6 +43,31 @@ _NO_GENERATOR = Adapter(
 _TENSOR_LIST_OR_NONE = Adapter("optional tensor list", (("", typing.List[torch.Tensor]), ("__given", bool)),
                                "[] if {n} is None else {n}, {n} is not None", "{n} if {n}__given else None")
 
+#: One tensor or a sequence of them (0.7.4's prims_ts bf16 MoE weights: shards, with partition resources): a list and
+#: a flag saying it was one tensor, which FlashInfer's function receives as it was given.
+_TENSOR_OR_TENSORS = Adapter("tensor or tensor sequence", (("", typing.List[torch.Tensor]), ("__bare", bool)),
+                             "[{n}] if isinstance({n}, _Tensor) else list({n}), isinstance({n}, _Tensor)",
+                             "{n}[0] if {n}__bare else {n}")
+
+#: A string out of a fixed set (``Literal["tp_n_tp_n", "tp_n_tp_k"]``): the schema holds the string; FlashInfer's
+#: function checks the value as it does eagerly.
+_CHOICE = Adapter("string literal", (("", str),), "{n}", "{n}")
+_CHOICE_OR_NONE = dataclasses.replace(_CHOICE, parts=(("", Optional[str]),))
+
+#: Objects that cannot cross an op, in parameters whose default is None: (module, class) -> what they hold. The
+#: op is exact for None (its public callers' default path) and refuses anything else under tracing.
+NONE_ONLY = {
+    ("flashinfer.prims_ts.moe.partition", "MoePartitionResources"):
+        "caller-owned CUDA streams and events (the two-way green-context partition)",
+}
+
+
+def _none_only(holds: str) -> Adapter:
+    return Adapter(f"{holds} (must be None)", (), "", "None",
+                   "if {n} is not None: raise _NotExpressible('{function}: {n} holds " + holds + ", which cannot "
+                   "cross a custom op; under torch.compile pass None (or call it outside the compiled region)')")
+
+
 #: Annotation (as typing compares them: Union order does not matter) -> adapter.
 ADAPTERS = (
     (typing.Union[float, torch.Tensor], _TENSOR_OR),
@@ -52,6 +77,7 @@ ADAPTERS = (
     (typing.Optional[torch.Generator], _NO_GENERATOR),
     (torch.Generator, _NO_GENERATOR),
     (typing.Optional[typing.List[torch.Tensor]], _TENSOR_LIST_OR_NONE),
+    (typing.Union[torch.Tensor, typing.Sequence[torch.Tensor]], _TENSOR_OR_TENSORS),
 )
 
 
@@ -65,8 +91,24 @@ def _lookup(table, annotation):
     return None
 
 
+def _without_none(annotation):
+    """``X`` for ``Optional[X]``; None for anything else."""
+    members = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Union else ()
+    rest = [member for member in members if member is not type(None)]
+    return rest[0] if len(members) == 2 and len(rest) == 1 else None
+
+
 def adapter_for(annotation) -> Optional[Adapter]:
-    return _lookup(ADAPTERS, annotation)
+    found = _lookup(ADAPTERS, annotation)
+    if found is not None:
+        return found
+    inner = _without_none(annotation)
+    for candidate, optional in ((annotation, False), (inner, True)):
+        if typing.get_origin(candidate) is typing.Literal and all(
+                isinstance(value, str) for value in typing.get_args(candidate)):
+            return _CHOICE_OR_NONE if optional else _CHOICE
+    holds = NONE_ONLY.get((getattr(inner, "__module__", None), getattr(inner, "__qualname__", None)))
+    return _none_only(holds) if holds is not None else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -141,12 +141,27 @@ class ReplacedFake:
     fault: str
 
 
+def _prims_ts_moe_result(hidden_states, top_k, do_finalize=True, output=None, routing_logits=None,
+                         expert_weights=None, **_):
+    """prims_ts' bf16 MoE result: the trtllm MoE contract (it runs that launcher), with the caller's precomputed
+    weights' shape and dtype where it returns them (no routing logits, weights given)."""
+    result = _trtllm_moe_result(hidden_states, top_k, do_finalize, output, routing_logits)
+    if not do_finalize and routing_logits is None and expert_weights is not None and expert_weights.numel() > 0:
+        result[1] = torch.empty_like(expert_weights)
+    return result
+
+
 #: (module, declared name) -> ReplacedFake. Found by opcheck on the H200 (tests/gpu/test_gpu_declared.py):
 #: FlashInfer's merge_states fake allocates on the default device, so a compiled graph's fake outputs are
 #: CPU tensors next to CUDA ones (0.5.3-0.7.4, the same text in every release).
 REPLACED_FAKES = {
     ("flashinfer.cascade", "merge_states"): ReplacedFake(
         _merged_states, lambda source: "device=" not in source, "FlashInfer's allocates on the default device"),
+    # 0.7.4: unfinalized, FlashInfer's fake returns (tokens, hidden) rows and an empty tensor; the function returns
+    # the launcher's three (routing-sized rows, weights, token map), as the padded return's marker then says.
+    ("flashinfer.fused_moe.backends.prims_ts.bf16_op", "prims_ts_bf16_moe"): ReplacedFake(
+        _prims_ts_moe_result, lambda source: "new_empty(0)" in source,
+        "FlashInfer's returns two tensors where the unfinalized function returns three"),
 }
 
 
