@@ -46,6 +46,12 @@ def _untyped(out: torch.Tensor, x: typing.Any) -> None:
 def _computed(x: torch.Tensor) -> None:
     pass
 
+_JOINED = "flashinfer::PREFIX_joined_"
+
+@register_custom_op(_JOINED + "fwd", mutates_args=("out",))
+def _joined(out: torch.Tensor) -> None:
+    pass
+
 @register_custom_op("flashinfer::PREFIX_written", mutates_args=WRITES)
 def _written(out: torch.Tensor) -> None:
     pass
@@ -175,8 +181,10 @@ def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reaso
     assert refused[f"{COMM_MODULE}._all_reduce"] == (
         "out of scope", "distributed communication (process groups, IPC handles, shared workspaces): outside a "
                         "single-GPU traced region; out of scope")
-    # A getter's computed name is the getter's business: the op is named after the function.
+    # A getter's computed name is the getter's business: the op is named after the function. A name joined from the
+    # module's string constants is in the text.
     assert layer["registered"] == {_key("_plain"): f"{declared_layer.NAMESPACE}::{PREFIX}_plain",
+                                   _key("_joined"): f"{declared_layer.NAMESPACE}::{PREFIX}_joined_fwd",
                                    _key("_op", ("get_module",)): f"{declared_layer.NAMESPACE}::op"}
     assert sorted(layer["by_module"]) == [COMM_MODULE, MODULE]
 

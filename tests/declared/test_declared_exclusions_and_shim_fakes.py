@@ -15,6 +15,7 @@ import typing
 import pytest
 import torch
 
+from _fp4_dynamo_shim.declared import adapters
 from _fp4_dynamo_shim.declared import rules
 
 
@@ -85,14 +86,14 @@ def test_an_exclusion_inside_a_getter_matches_only_that_getter():
     (torch.Generator, "torch.Generator (must be None)"), (torch.Tensor, None), (typing.List[int], None),
 ])
 def test_each_type_the_schema_cannot_hold_has_its_adapter(annotation, adapter):
-    found = rules.adapter_for(annotation)
+    found = adapters.adapter_for(annotation)
     assert (found.name if found else None) == adapter
 
 
 def test_integers_travel_as_integers_and_floats_as_floats():
-    assert rules.adapter_for(typing.Union[int, torch.Tensor]).parts == (("", typing.Optional[torch.Tensor]),
+    assert adapters.adapter_for(typing.Union[int, torch.Tensor]).parts == (("", typing.Optional[torch.Tensor]),
                                                                          ("__number", typing.Optional[int]))
-    assert rules.adapter_for(typing.Union[float, torch.Tensor]).parts == (("", typing.Optional[torch.Tensor]),
+    assert adapters.adapter_for(typing.Union[float, torch.Tensor]).parts == (("", typing.Optional[torch.Tensor]),
                                                                            ("__number", typing.Optional[float]))
 
 
@@ -103,15 +104,15 @@ def test_an_annotation_that_cannot_be_compared_has_no_adapter():
 
         __hash__ = object.__hash__
 
-    assert rules.adapter_for(Uncomparable()) is None
+    assert adapters.adapter_for(Uncomparable()) is None
 
 
 def test_a_sampling_result_crosses_the_op_as_a_list_and_comes_back_as_it_was():
-    adapter = rules.return_adapter_for(typing.Union[torch.Tensor, typing.Tuple[torch.Tensor, torch.Tensor]])
+    adapter = adapters.return_adapter_for(typing.Union[torch.Tensor, typing.Tuple[torch.Tensor, torch.Tensor]])
     assert adapter.schema_type == typing.List[torch.Tensor]
     one, two = torch.zeros(2), torch.ones(2)
     assert adapter.to_op(one) == [one] and adapter.to_op((one, two)) == [one, two]
     back = eval(adapter.from_op, {}, {"r": [one]})
     assert back is one
     assert eval(adapter.from_op, {}, {"r": [one, two]}) == (one, two)
-    assert rules.return_adapter_for(torch.Tensor) is None
+    assert adapters.return_adapter_for(torch.Tensor) is None

@@ -324,3 +324,35 @@ def test_only_a_name_flashinfer_registered_itself_is_already_an_op():
         assert not build.already_an_op(None)  # a name computed at run time is nobody's op yet
     finally:
         own._destroy()
+
+
+UNDECLARED_WRITE = NO_OP_DECORATORS + '''
+@register_custom_op("flashinfer::PREFIX_gemm", mutates_args=(""))
+def _gemm(a: torch.Tensor, out: torch.Tensor):
+    out.copy_(a)
+'''
+
+
+def test_a_function_that_returns_nothing_and_declares_nothing_written_is_refused_for_its_undeclared_write(layer):
+    """As an op it would be dead code, and whatever it writes (0.5.3's FP4 GEMMs hand ``out`` to their module) would
+    be undeclared: refused for that, not for its missing return annotation."""
+    layer, registrar = layer
+    module, declarations, _, _ = _load(UNDECLARED_WRITE, "undeclared_write")
+    outcome = _outcome(declarations["_gemm"])
+    with pytest.raises(NotExpressible, match="returns nothing and declares nothing written") as refused:
+        build.module_level(layer, registrar, declarations["_gemm"], module, outcome)
+    assert "what it writes through its arguments is undeclared" in str(refused.value)
+
+
+def test_parameters_typed_any_that_take_tvm_ffi_tensors_are_refused_for_that(unpatched):
+    """0.7.4's MiniMax SM120 varlen attentions: their callers pass ``tvm_ffi.from_dlpack`` views, read from the text."""
+    import fp4_dynamo_shim
+    from helpers import apply_with
+
+    with pytest.MonkeyPatch.context() as patch:
+        ops = apply_with(patch, FLASHINFER_OPS="all")["flashinfer_ops"]
+    fp4_dynamo_shim.revert()
+    listed = {key: entry["reason"] for key, entry in ops["not_registered"].items() if "_minimax_h3_sm120_varlen" in key}
+    if not listed:
+        pytest.skip("no MiniMax SM120 varlen attention in this release")
+    assert all("take what its caller passes, tvm-ffi tensors (tvm_ffi.from_dlpack" in r for r in listed.values())

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from _fp4_dynamo_shim.declared import polyfill
+from _fp4_dynamo_shim.declared import adapters
 from _fp4_dynamo_shim.declared import rules
 
 
@@ -134,5 +135,5 @@ def test_an_annotation_that_fails_to_compare_with_one_entry_is_still_matched_aga
 
         __hash__ = object.__hash__
 
-    found = rules.adapter_for(ComparesOnlyWithClasses())
+    found = adapters.adapter_for(ComparesOnlyWithClasses())
     assert found is not None and found.name == "torch.Generator (must be None)"

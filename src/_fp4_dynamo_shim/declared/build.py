@@ -14,6 +14,8 @@ import dataclasses
 import importlib
 import inspect
 import sys
+import typing
+from pathlib import Path
 from typing import Callable, List, Optional
 
 import torch
@@ -201,12 +203,32 @@ class Registrar:
         return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
+def _untyped_takes_tvm_tensors(declaration: scan.Declaration, module, own: inspect.Signature) -> None:
+    """Refuses, saying why, a function whose parameters typed Any receive tvm-ffi tensors: 0.7.4's MiniMax SM120
+    varlen attention callers hand it ``tvm_ffi.from_dlpack`` views of a cached workspace, which no schema holds."""
+    untyped = [name for name, parameter in own.parameters.items() if parameter.annotation is typing.Any]
+    try:
+        text = Path(module.__file__).read_text(encoding="utf-8") if untyped else ""
+    except (OSError, TypeError):  # a module without its file: nothing read, the schema's reason stands
+        text = ""
+    if "tvm_ffi.from_dlpack(" in text:
+        raise NotExpressible(f"{declaration.function}'s parameters typed Any ({', '.join(untyped[:3])}, ...) take what "
+                             "its caller passes, tvm-ffi tensors (tvm_ffi.from_dlpack of a cached workspace), which "
+                             "no op schema holds")
+
+
 def _build(registrar, declaration, module, getter=None, key=None, getter_signature=None, written=(), carried=()):
     """(op object, Op, its index, which fake) for one declaration; raises NotExpressible for a fact of the
     release, anything else for a failure. ``getter_signature``, ``written`` and ``carried``: what the attention
     table says the getter takes, the function writes and which int lists the op carries as a tensor, where
     FlashInfer's text does not say it."""
     index = registrar.count = registrar.count + 1
+    if declaration.mutates == () and not declaration.return_values:
+        # A kernel call that returns nothing writes through its arguments: here undeclared (0.5.3's FP4 GEMMs hand
+        # `out` to their module), so a functionalized graph would drop the call or keep a copy the kernel never saw.
+        raise NotExpressible(f"{declaration.function} returns nothing and declares nothing written (mutates_args "
+                             "empty): what it writes through its arguments is undeclared, and as an op "
+                             "torch.compile would drop the call as dead code")
     if getter is None:
         function = module.__dict__.get(declaration.function)
         inner = inspect.unwrap(function) if callable(function) else None
@@ -218,6 +240,7 @@ def _build(registrar, declaration, module, getter=None, key=None, getter_signatu
         own = signature(function)
         getter_signature = getter_signature or signature(getattr(getter, "__wrapped__", getter))
         bindings = {f"_getter_{index}": getter}
+    _untyped_takes_tvm_tensors(declaration, module, own)
     bare = [value for value in declaration.return_values if value in own.parameters]
     if bare and (declaration.returns or "").startswith("List["):  # 0.6.1-0.6.3's mxint4 MoE: `return output`
         raise NotExpressible(f"returns its argument {bare[0]} as it is where it declares {declaration.returns}")

@@ -4,7 +4,7 @@ Each FlashInfer declaration becomes, from its ``inspect.Signature`` (the real fu
 the source for a def nested in a getter):
 
 * the op's parameters: the getter's (renamed, see :func:`getter_argument`), then the function's, each type the
-  schema cannot hold split by its ``rules.Adapter`` into parts it can; the schema is
+  schema cannot hold split by its ``adapters.Adapter`` into parts it can; the schema is
   ``torch.library.infer_schema``'s for them;
 * the kernel and the fake: rebuild FlashInfer's arguments from the op's and call FlashInfer's function (through
   its getter when nested, called from a function of its own so that the getter's arguments never meet the
@@ -26,6 +26,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 from .. import oplib
+from . import adapters
 from . import rules
 from _fp4_dynamo_shim.errors import NotExpressibleError
 
@@ -53,7 +54,7 @@ class Op:
     pieces: List[Piece]
     signature: inspect.Signature  # FlashInfer's function's
     getter_signature: Optional[inspect.Signature]
-    return_adapter: Optional[rules.ReturnAdapter]
+    return_adapter: Optional[adapters.ReturnAdapter]
     #: Statements and expressions for the generated functions (see _caller_body / _kernel_source).
     pack: List[str]
     unpack: List[str]
@@ -88,7 +89,7 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
     for parameter in _parameters(signature, function):
         adapter = carried.get(parameter.name) if carried else None
         carry = adapter is rules.PLAN_TENSOR
-        adapter = adapter or rules.adapter_for(parameter.annotation)
+        adapter = adapter or adapters.adapter_for(parameter.annotation)
         if adapter is None:
             pieces.append(Piece(parameter.name, parameter.annotation))
             pack.append(parameter.name)
@@ -108,7 +109,7 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
         clash = sorted({n for n in names if names.count(n) > 1})
         raise NotExpressible(f"{function}: op parameter names collide ({', '.join(clash)})")
     return_annotation = signature.return_annotation
-    return_adapter = rules.return_adapter_for(return_annotation, mutates)
+    return_adapter = adapters.return_adapter_for(return_annotation, mutates)
     if return_adapter is not None:
         return_annotation = return_adapter.schema_type
     if return_annotation is inspect.Signature.empty:

@@ -1,7 +1,6 @@
 """What the declared-ops layer does with each kind of FlashInfer declaration: the gate's groups, the
-declarations it leaves to other layers or out of scope (with the reason), and the argument types it
-carries across an op boundary although ``torch.library.infer_schema`` does not know them; and, from the attention
-table, what FlashInfer's attention getters take and their run functions write where the source does not say it.
+declarations it leaves to other layers or out of scope (with the reason), the fakes the shim writes; and, from the
+attention table, what FlashInfer's attention getters take and their run functions write where the source does not say it.
 
 Data, read by ``declared_ops``; a FlashInfer release that changes any of it changes a record here.
 """
@@ -10,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import typing
-from typing import Callable, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
 from .. import oplib
+from . import adapters
 from . import attention_table
 
 #: The declared functions SGLang's traced paths call raw: on under the default gate.
@@ -142,123 +141,28 @@ class ReplacedFake:
     fault: str
 
 
+def _prims_ts_moe_result(hidden_states, top_k, do_finalize=True, output=None, routing_logits=None,
+                         expert_weights=None, **_):
+    """prims_ts' bf16 MoE result: the trtllm MoE contract (it runs that launcher), with the caller's precomputed
+    weights' shape and dtype where it returns them (no routing logits, weights given)."""
+    result = _trtllm_moe_result(hidden_states, top_k, do_finalize, output, routing_logits)
+    if not do_finalize and routing_logits is None and expert_weights is not None and expert_weights.numel() > 0:
+        result[1] = torch.empty_like(expert_weights)
+    return result
+
+
 #: (module, declared name) -> ReplacedFake. Found by opcheck on the H200 (tests/gpu/test_gpu_declared.py):
 #: FlashInfer's merge_states fake allocates on the default device, so a compiled graph's fake outputs are
 #: CPU tensors next to CUDA ones (0.5.3-0.7.4, the same text in every release).
 REPLACED_FAKES = {
     ("flashinfer.cascade", "merge_states"): ReplacedFake(
         _merged_states, lambda source: "device=" not in source, "FlashInfer's allocates on the default device"),
+    # 0.7.4: unfinalized, FlashInfer's fake returns (tokens, hidden) rows and an empty tensor; the function returns
+    # the launcher's three (routing-sized rows, weights, token map), as the padded return's marker then says.
+    ("flashinfer.fused_moe.backends.prims_ts.bf16_op", "prims_ts_bf16_moe"): ReplacedFake(
+        _prims_ts_moe_result, lambda source: "new_empty(0)" in source,
+        "FlashInfer's returns two tensors where the unfinalized function returns three"),
 }
-
-
-@dataclasses.dataclass(frozen=True)
-class Adapter:
-    """One parameter type the op schema cannot hold, carried as schema-able parts.
-
-    ``parts``: (suffix, annotation) of the op parameters that carry it; ``pack``: the expression (over the
-    parameter's name ``{n}``) giving those parts in the traced caller; ``unpack``: the expression (over the
-    parts, ``{n}`` and ``{n}__number``) rebuilding the value in the kernel; ``check``: a statement the caller
-    runs first, for values no part can carry.
-    """
-
-    name: str
-    parts: Tuple[Tuple[str, object], ...]
-    pack: str
-    unpack: str
-    check: str = ""
-
-
-_TENSOR_OR = Adapter("tensor or number", (("", Optional[torch.Tensor]), ("__number", Optional[float])),
-                     "{n} if isinstance({n}, _Tensor) else None, None if isinstance({n}, _Tensor) else {n}",
-                     "{n} if {n} is not None else {n}__number")
-_TENSOR_OR_INT = dataclasses.replace(_TENSOR_OR, parts=(("", Optional[torch.Tensor]), ("__number", Optional[int])))
-_NO_GENERATOR = Adapter(
-    "torch.Generator (must be None)", (), "", "None",
-    "if {n} is not None: raise _NotExpressible('{function}: a torch.Generator cannot cross a custom op; under "
-    "torch.compile pass seed/offset (or nothing) instead')")
-
-#: A list that may be None (0.7.4's trtllm fp4 MoE ``routing_metadata``): the schema has no optional list, and
-#: FlashInfer tests ``is not None``, so an empty list cannot stand for None: a flag says which it was.
-_TENSOR_LIST_OR_NONE = Adapter("optional tensor list", (("", typing.List[torch.Tensor]), ("__given", bool)),
-                               "[] if {n} is None else {n}, {n} is not None", "{n} if {n}__given else None")
-
-#: Annotation (as typing compares them: Union order does not matter) -> adapter.
-ADAPTERS = (
-    (typing.Union[float, torch.Tensor], _TENSOR_OR),
-    (typing.Optional[typing.Union[float, torch.Tensor]], _TENSOR_OR),
-    (typing.Union[int, torch.Tensor], _TENSOR_OR_INT),
-    (typing.Optional[typing.Union[int, torch.Tensor]], _TENSOR_OR_INT),
-    (typing.Optional[torch.Generator], _NO_GENERATOR),
-    (torch.Generator, _NO_GENERATOR),
-    (typing.Optional[typing.List[torch.Tensor]], _TENSOR_LIST_OR_NONE),
-)
-
-
-def _lookup(table, annotation):
-    for known, adapter in table:
-        try:
-            if annotation == known:
-                return adapter
-        except TypeError:  # an annotation that cannot be compared is in no table
-            continue
-    return None
-
-
-def adapter_for(annotation) -> Optional[Adapter]:
-    return _lookup(ADAPTERS, annotation)
-
-
-@dataclasses.dataclass(frozen=True)
-class ReturnAdapter:
-    """A return type the schema cannot hold: the op returns ``schema_type``; ``to_op`` converts FlashInfer's
-    value (in the kernel and the fake), ``from_op`` converts back in the traced caller."""
-
-    schema_type: object
-    to_op: Callable
-    from_op: str  # an expression over the op's result ``r``
-
-
-def _as_list(result):
-    return [result] if isinstance(result, torch.Tensor) else list(result)
-
-
-RETURN_ADAPTERS = (
-    # sampling: one tensor, or (samples, valid) with return_valid=True
-    (typing.Union[torch.Tensor, typing.Tuple[torch.Tensor, torch.Tensor]],
-     ReturnAdapter(typing.List[torch.Tensor], _as_list, "r[0] if len(r) == 1 else tuple(r)")),
-)
-
-
-#: How many tensors a list-returning op that writes in place returns (its list, padded): torch.compile cannot
-#: functionalize an op that both mutates and returns ``Tensor[]`` ("Not yet supported: List[Tensor] return",
-#: torch/_higher_order_ops/auto_functionalize.py), but it can one that returns a fixed number of tensors.
-#: FlashInfer's trtllm MoE ops return at most 4 (0.7.4's ``unpack_trtllm_moe_output``).
-LIST_RETURN_WIDTH = 8
-
-
-def _padded(result):
-    """A list of tensors as LIST_RETURN_WIDTH tensors, then a marker whose shape says what it was (a shape, so the
-    traced caller reads it as a constant, under fake tensors too): (n,) for a list of n, (1, 1) for one tensor
-    returned bare (prims_ts' fp8 MoE returns ``out if do_finalize else [out, ...]``)."""
-    bare = isinstance(result, torch.Tensor)
-    result = [result] if bare else list(result)
-    if len(result) > LIST_RETURN_WIDTH:
-        raise ValueError(f"returned {len(result)} tensors; the op carries at most {LIST_RETURN_WIDTH}")
-    device = result[0].device if result else None
-    return (*result, *(torch.empty(0, device=device) for _ in range(LIST_RETURN_WIDTH - len(result))),
-            torch.zeros((1, 1) if bare else len(result), dtype=torch.uint8, device=device))
-
-
-_PADDED = typing.Tuple[(torch.Tensor,) * (LIST_RETURN_WIDTH + 1)]
-_PADDED_LISTS = (
-    (typing.List[torch.Tensor], ReturnAdapter(_PADDED, _padded, "list(r[:r[-1].shape[0]])")),
-    (typing.Union[typing.List[torch.Tensor], torch.Tensor],
-     ReturnAdapter(_PADDED, _padded, "r[0] if r[-1].dim() == 2 else list(r[:r[-1].shape[0]])")),
-)
-
-
-def return_adapter_for(annotation, mutates=()) -> Optional[ReturnAdapter]:
-    return _lookup(_PADDED_LISTS if mutates else (), annotation) or _lookup(RETURN_ADAPTERS, annotation)
 
 
 # --- attention ------------------------------------------------------------------------------------------------
@@ -313,7 +217,7 @@ def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[st
     return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":w"))
 
 
-def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, Adapter]:
+def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, adapters.Adapter]:
     """``run``'s parameters the op carries in a form of its own, by the table's facts rather than FlashInfer's
     annotation: the int lists (the plan's ``plan_info_vec``) as a tensor (PLAN_TENSOR), the user's KV cache
     (KV_CACHE)."""
@@ -330,17 +234,17 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
 #: (``declared/wrappers.py``); any other list is made one while tracing (its values then are constants). The fake
 #: keeps the tensor: FlashInfer's fakes of these run functions do not read it.
 #: trtllm-gen's decode plan is None (its kernel reads no plan): None crosses as None.
-PLAN_TENSOR = Adapter("int list carried as a tensor", (("", Optional[torch.Tensor]),), "_plan_tensor({n})",
-                      "None if {n} is None else {n}.tolist()")
+PLAN_TENSOR = adapters.Adapter("int list carried as a tensor", (("", Optional[torch.Tensor]),),
+                               "_plan_tensor({n})", "None if {n} is None else {n}.tolist()")
 
 #: trtllm-gen decode's ``paged_kv_cache``, annotated ``Optional[torch.Tensor]``, is the decode wrapper's ``run()``
 #: argument as the user gave it: one tensor or a (k, v) pair, which no schema type holds. Its kernel only checks
 #: that it is given; the pair crosses as its two tensors (a list given comes back a tuple).
-KV_CACHE = Adapter("a KV cache: one tensor or a (k, v) pair",
-                   (("", Optional[torch.Tensor]), ("__v", Optional[torch.Tensor])),
-                   "{n}[0] if isinstance({n}, (tuple, list)) else {n}, "
-                   "{n}[1] if isinstance({n}, (tuple, list)) else None",
-                   "{n} if {n}__v is None else ({n}, {n}__v)")
+KV_CACHE = adapters.Adapter("a KV cache: one tensor or a (k, v) pair",
+                            (("", Optional[torch.Tensor]), ("__v", Optional[torch.Tensor])),
+                            "{n}[0] if isinstance({n}, (tuple, list)) else {n}, "
+                            "{n}[1] if isinstance({n}, (tuple, list)) else None",
+                            "{n} if {n}__v is None else ({n}, {n}__v)")
 
 
 def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:

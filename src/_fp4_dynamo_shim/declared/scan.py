@@ -38,7 +38,7 @@ class Declaration:
     module: str  # "flashinfer.norm"
     function: str  # the decorated def: "_rmsnorm_impl"
     line: int
-    #: The op name after ``flashinfer::`` when it is a literal; None when it is computed at run time.
+    #: The op name after ``flashinfer::`` when the text gives it (string literals and constants, ``+``); else None.
     name: Optional[str]
     name_source: str  # the first decorator argument, as written
     #: ``mutates_args`` as a tuple of names (FlashInfer also writes one string, or ""); None when not a literal.
@@ -104,11 +104,31 @@ def _decorator(node: ast.expr) -> Optional[Tuple[str, ast.Call]]:
     return None
 
 
-def _literal_name(call: ast.Call) -> Tuple[Optional[str], str]:
+def _module_strings(tree: ast.Module) -> Dict[str, str]:
+    """The module's top-level names bound once, to a string literal (0.7.2's cake MoE GEMM: ``_OP_PREFIX =
+    "flashinfer::cake_moe_grouped_gemm_"``): constants its op names may be built from."""
+    stored = [n.id for s in tree.body for n in ast.walk(s) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    return {s.targets[0].id: s.value.value for s in tree.body if isinstance(s, ast.Assign) and len(s.targets) == 1
+            and isinstance(s.targets[0], ast.Name) and stored.count(s.targets[0].id) == 1
+            and isinstance(s.value, ast.Constant) and isinstance(s.value.value, str)}
+
+
+def _string(node: Optional[ast.expr], strings: Dict[str, str]) -> Optional[str]:
+    """The value of a string literal, a module string constant, or a ``+`` of those; None for anything else."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        parts = (_string(node.left, strings), _string(node.right, strings))
+        return None if None in parts else parts[0] + parts[1]
+    if isinstance(node, ast.Name):
+        return strings.get(node.id)
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _literal_name(call: ast.Call, strings: Dict[str, str]) -> Tuple[Optional[str], str]:
     argument = call.args[0] if call.args else None
     source = ast.unparse(argument) if argument is not None else ""
-    if isinstance(argument, ast.Constant) and isinstance(argument.value, str) and argument.value.startswith(PREFIX):
-        return argument.value[len(PREFIX):], source
+    value = _string(argument, strings) or ""
+    if value.startswith(PREFIX):
+        return value[len(PREFIX):], source
     return None, source
 
 
@@ -298,6 +318,7 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
     """Every ``register_custom_op`` declaration in one file's text, with its fake, and the namespaces of the
     getters that hold declarations."""
     tree = ast.parse(text)
+    strings = _module_strings(tree)
     found, namespaces = [], []
     for scope, body, enclosing in _scopes(tree):
         defs = [node for statement in body for node in _direct_definitions(statement)
@@ -307,7 +328,7 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
             for decorator in node.decorator_list:
                 marked = _decorator(decorator)
                 if marked and marked[0] == FAKE:
-                    fakes[_literal_name(marked[1])[1]] = Fake(node.name, node.lineno, _without_decorators(node))
+                    fakes[_literal_name(marked[1], strings)[1]] = Fake(node.name, node.lineno, _without_decorators(node))
         getter = enclosing is not None and len(scope) == 1
         declared_here = set()
         for node in defs:
@@ -315,7 +336,7 @@ def scan_source(text: str, module: str) -> Tuple[List[Declaration], List[Namespa
                 marked = _decorator(decorator)
                 if not marked or marked[0] != CUSTOM:
                     continue
-                name, name_source = _literal_name(marked[1])
+                name, name_source = _literal_name(marked[1], strings)
                 declared_here.add(node.name)
                 found.append(Declaration(
                     module, node.name, node.lineno, name, name_source, _mutates(marked[1]), scope,
