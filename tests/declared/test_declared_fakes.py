@@ -19,12 +19,12 @@ from _fp4_dynamo_shim.declared import build, rules
 from _fp4_dynamo_shim.declared import scan
 from _fp4_dynamo_shim.declared.codegen import NotExpressible
 
-from flashinfer_like import NO_OP_DECORATORS as DECORATORS
+from flashinfer_like import NO_OP_DECORATORS
 
 #: Which fake a declaration gets: the installed release reaches few of these cases, so they are asked directly.
 fake_for = build._fake
 
-CASES = DECORATORS + '''
+CASES = NO_OP_DECORATORS + '''
 @register_custom_op("flashinfer::writes", mutates_args=("out",))
 def _writes(out: torch.Tensor) -> None:
     pass
@@ -166,7 +166,7 @@ def test_a_compiled_fake_names_flashinfers_file_in_its_tracebacks():
 def test_a_getters_fake_that_does_not_compile_outside_the_getter_is_refused_by_name():
     """Its names are all the module's, but its default fails when the def runs (the getter is never called:
     the function handed over stands in for what it would return)."""
-    source = DECORATORS + '''
+    source = NO_OP_DECORATORS + '''
 def get_module():
     @register_custom_op("flashinfer::bad_default", mutates_args=())
     def _bad_default(x: torch.Tensor) -> torch.Tensor:
@@ -196,7 +196,7 @@ def test_a_fake_with_the_functions_parameters_in_another_order_is_called_by_keyw
 
 
 def test_the_shims_rules_give_the_fake_where_flashinfer_wrote_none_or_a_wrong_one():
-    sampling = _declarations(DECORATORS + '''
+    sampling = _declarations(NO_OP_DECORATORS + '''
 @register_custom_op("flashinfer::min_p_sampling_from_probs", mutates_args=())
 def min_p_sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     return probs
@@ -207,7 +207,7 @@ def min_p_sampling_from_probs(probs: torch.Tensor, indices: torch.Tensor) -> tor
         "derived by the shim (its DERIVED_FAKES rules)")
 
     def merge_states(allocates):
-        return _declarations(DECORATORS + f'''
+        return _declarations(NO_OP_DECORATORS + f'''
 @register_custom_op("flashinfer::merge_states", mutates_args=())
 def merge_states(v: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
     return v
