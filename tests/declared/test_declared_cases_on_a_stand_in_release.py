@@ -52,6 +52,15 @@ _JOINED = "flashinfer::PREFIX_joined_"
 def _joined(out: torch.Tensor) -> None:
     pass
 
+@register_custom_op("flashinfer::PREFIX_listed", mutates_args=("out",))
+def _listed(out: torch.Tensor, x: torch.Tensor, bare: bool) -> typing.Union[typing.List[torch.Tensor], torch.Tensor]:
+    out.copy_(x * 3)
+    return x + 1 if bare else [x + 1, x * 2]
+
+@register_fake_op("flashinfer::PREFIX_listed")
+def _listed_fake(out: torch.Tensor, x: torch.Tensor, bare: bool) -> typing.Union[typing.List[torch.Tensor], torch.Tensor]:
+    return torch.empty_like(x) if bare else [torch.empty_like(x), torch.empty_like(x)]
+
 @register_custom_op("flashinfer::PREFIX_written", mutates_args=WRITES)
 def _written(out: torch.Tensor) -> None:
     pass
@@ -185,8 +194,30 @@ def test_each_case_a_release_may_declare_is_registered_or_refused_with_its_reaso
     # module's string constants is in the text.
     assert layer["registered"] == {_key("_plain"): f"{declared_layer.NAMESPACE}::{PREFIX}_plain",
                                    _key("_joined"): f"{declared_layer.NAMESPACE}::{PREFIX}_joined_fwd",
+                                   _key("_listed"): f"{declared_layer.NAMESPACE}::{PREFIX}_listed",
                                    _key("_op", ("get_module",)): f"{declared_layer.NAMESPACE}::op"}
     assert sorted(layer["by_module"]) == [COMM_MODULE, MODULE]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("bare", [True, False], ids=["one tensor", "a list"])
+def test_an_op_that_writes_in_place_returns_a_list_or_one_tensor_as_the_function_did(stand_in_release, bare, backend):
+    """torch.compile cannot functionalize an op that writes in place and returns ``Tensor[]``: such an op carries its
+    list padded to a fixed width, with a marker saying its length or that one tensor came back bare (prims_ts' fp8
+    MoE returns ``out if do_finalize else [out, ...]``). Compiled code gets back what eager got, type included."""
+    layer = declared_layer.describe(stand_in_release())
+    assert layer["registered"][_key("_listed")] == f"{declared_layer.NAMESPACE}::{PREFIX}_listed"
+    listed = sys.modules[MODULE]._listed
+    x = torch.arange(6.0).reshape(2, 3)
+    eager_out, compiled_out = torch.zeros(2, 3), torch.zeros(2, 3)
+    eager = listed(eager_out, x, bare)
+    torch._dynamo.reset()
+    compiled = torch.compile(listed, fullgraph=True, backend=backend)(compiled_out, x, bare)
+    assert type(compiled) is type(eager)
+    for got, want in zip(*(([r] if bare else r) for r in (compiled, eager))):
+        assert (got.shape, got.dtype) == (want.shape, want.dtype) and torch.equal(got, want)
+    assert len([compiled] if bare else compiled) == len([eager] if bare else eager)
+    assert torch.equal(compiled_out, eager_out) and torch.equal(compiled_out, x * 3)
 
 
 def test_a_getter_whose_polyfill_fails_lists_the_members_it_had_built_as_failed(stand_in_release, monkeypatch,
