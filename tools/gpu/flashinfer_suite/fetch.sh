@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Copy FlashInfer's own GPU tests for norm, rope, activation, sampling and top-k, at the tags of the releases
+# Copy FlashInfer's own GPU tests for norm, rope, activation, sampling, top-k, batch decode and batch prefill, at the tags of the releases
 # the GPU machine runs, into the ignored folder .fitests/<version>/ (it travels with a command: about 0.4 MB).
 #   bash tools/gpu/flashinfer_suite/fetch.sh [MIRROR]
 # MIRROR: a git clone of flashinfer-ai/flashinfer (default: the fetch tool's snapshot under /work/.mirror).
@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 mirror=${1:-/work/.mirror/flashinfer-ai+flashinfer/repo}
 files=(tests/__init__.py tests/conftest.py tests/test_helpers tests/utils/__init__.py tests/utils/test_norm.py
-       tests/utils/test_activation.py tests/utils/test_sampling.py tests/utils/test_topk.py tests/attention/test_rope.py)
+       tests/utils/test_activation.py tests/utils/test_sampling.py tests/utils/test_topk.py tests/attention/test_rope.py
+       tests/attention/test_batch_decode_kernels.py tests/attention/test_batch_prefill_kernels.py)
 for version in 0.6.3 0.6.12; do
   rm -rf ".fitests/$version" && mkdir -p ".fitests/$version"
   present=()
@@ -39,6 +40,9 @@ if walk in text:
     text = text.replace(walk, by_name).replace("\nimport os\n", "\nimport os\nimport sys\n", 1)
 conftest.write_text(text.replace(warm_up, on_copies))
 PY
+  # The attention files' module fixture builds every (dtype, head dim, encoding) module at once, dozens of
+  # minutes on the H200, most of them for cases FI_SUITE_CASES leaves out: build on first use instead.
+  sed -i 's/autouse=not has_flashinfer_jit_cache(),/autouse=False,/' ".fitests/$version"/tests/attention/test_batch_*_kernels.py
   echo "$version: $(find ".fitests/$version" -name '*.py' | wc -l) files"
 done
 du -sh .fitests
