@@ -144,11 +144,19 @@ def _attention_call(wrapper, kind, cache):
     return lambda q: wrapper.run(q, cache, return_lse=True)
 
 
+#: The public function each kind's run() is, as tools/gpu/proven_record.py names it in the GPU record.
+PUBLIC = {"decode": "decode.BatchDecodeWithPagedKVCacheWrapper.run",
+          "decode_tensor_cores": "decode.BatchDecodeWithPagedKVCacheWrapper.run",
+          "prefill_paged": "prefill.BatchPrefillWithPagedKVCacheWrapper.run",
+          "prefill_ragged": "prefill.BatchPrefillWithRaggedKVCacheWrapper.run"}
+
+
 @pytest.mark.parametrize("kind, backend, use_cuda_graph", WRAPPERS)
 def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_passes_opcheck(
-        every_op, kind, backend, use_cuda_graph):
+        every_op, record_property, kind, backend, use_cuda_graph):
     import torch._dynamo.testing
 
+    record_property("function", PUBLIC[kind])  # the GPU record: which function this run proves, through what op
     torch.manual_seed(0)
     wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
     cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
@@ -161,6 +169,7 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
     eager = call(q)
     assert all(torch.equal(a, b) for a, b in zip(compiled(q), eager))
     names = {str(n.target) for g in counter.graphs for n in g.graph.nodes if declared_layer.NAMESPACE in str(n.target)}
+    record_property("declared_ops", ",".join(sorted(name.split(".")[1] for name in names)))
     assert len(names) == 1, names
     opcheck = declared_checks._opcheck(call, (q,))  # the ops a compiled call reaches, with its arguments
     assert opcheck != "no shim op ran" and all(value is True for value in opcheck.values()), opcheck
@@ -182,11 +191,13 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
 
 
 @pytest.mark.parametrize("kind, backend, use_cuda_graph", WRAPPERS)
-def test_twenty_wrapper_steps_with_changing_batches_compile_at_most_twice(every_op, kind, backend, use_cuda_graph):
+def test_twenty_wrapper_steps_with_changing_batches_compile_at_most_twice(every_op, record_property, kind, backend,
+                                                                        use_cuda_graph):
     import random
 
     import torch._dynamo.testing
 
+    record_property("function", PUBLIC[kind])
     rng = random.Random(0)
     wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
     cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
@@ -204,4 +215,5 @@ def test_twenty_wrapper_steps_with_changing_batches_compile_at_most_twice(every_
                                [rng.randint(2, 9) if not use_cuda_graph else 3 for _ in range(batch)])
         q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
         assert all(torch.equal(a, b) for a, b in zip(compiled(q), call(q))), step
+    record_property("compiles", counter.frame_count)
     assert counter.frame_count <= (1 if kind.startswith("decode") and use_cuda_graph else 3)

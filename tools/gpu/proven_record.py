@@ -39,6 +39,22 @@ def gpu_outcomes(junit: Path) -> dict:
     return outcomes
 
 
+def recorded_outcomes(junit: Path) -> tuple[dict, dict]:
+    """(public function -> passed, public function -> {op}) from tests that name their function and the ops
+    they reached as JUnit properties (a stateful wrapper's run() cannot be traced on fake tensors here: its
+    plan() computes on the host). A function passes when every one of its tests does."""
+    outcomes, ops = {}, {}
+    for case in ElementTree.parse(junit).iter("testcase"):
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        if "function" not in properties or case.find("skipped") is not None:
+            continue
+        name = properties["function"]
+        passed = case.find("failure") is None and case.find("error") is None
+        outcomes[name] = outcomes.get(name, True) and passed
+        ops.setdefault(name, set()).update(filter(None, properties.get("declared_ops", "").split(",")))
+    return outcomes, ops
+
+
 def reached_declarations() -> dict:
     """public function -> {declaration key: (module, op name)}, each traced on fake CUDA tensors with every
     declared op on."""
@@ -46,7 +62,7 @@ def reached_declarations() -> dict:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import fp4_dynamo_shim
+    import fp4_dynamo_shim  # noqa: F401  (its import applies the shim)
     from _fp4_dynamo_shim.declared import declared_layer
     from _fp4_dynamo_shim.verify import checks
     import declared_examples
@@ -54,12 +70,8 @@ def reached_declarations() -> dict:
     import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
 
     declared_layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
-    from _fp4_dynamo_shim.declared import scan
-    import flashinfer
-
-    modules = {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
-    registered = fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]  # declaration key -> op
-    key_of = {op.split("::")[1]: key for key, op in registered.items()}
+    modules = _modules()
+    key_of = {op.split("::")[1]: key for key, op in _registered().items()}
     reached = {}
     for example in declared_examples.EXAMPLES:
         function = example.resolve()
@@ -74,6 +86,21 @@ def reached_declarations() -> dict:
                if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)}
         reached[example.name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
     return reached
+
+
+def _modules() -> dict:
+    """declaration key -> the module it is declared in, as the scan of the installed release finds it."""
+    from _fp4_dynamo_shim.declared import scan
+    import flashinfer
+
+    return {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
+
+
+def _registered() -> dict:
+    """declaration key -> its op, every declared op on (reached_declarations has applied the shim)."""
+    import fp4_dynamo_shim
+
+    return fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]
 
 
 def read_record() -> dict:
@@ -109,16 +136,26 @@ def _release_lines(version: str, release: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--junit", type=Path, required=True)
+    parser.add_argument("--junit", type=Path, required=True, action="append",
+                        help="a GPU run's JUnit XML; repeat it for each file of one run")
     for name in ("commit", "date", "gpu", "torch"):
         parser.add_argument(f"--{name}", required=True)
     options = parser.parse_args()
-    outcomes = gpu_outcomes(options.junit)
+    outcomes, recorded = {}, {}
+    for junit in options.junit:
+        outcomes.update(gpu_outcomes(junit))
+        passed, ops = recorded_outcomes(junit)
+        outcomes.update(passed)
+        recorded.update(ops)
     if not outcomes:
-        raise SystemExit(f"{options.junit}: no {TEST} results")
+        raise SystemExit(f"{options.junit}: no {TEST} results and no test naming its function")
     import flashinfer
 
     reached = reached_declarations()
+    key_of = {op.split("::")[1]: key for key, op in _registered().items()}
+    modules = _modules()
+    for name, ops in recorded.items():
+        reached[name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
     failing = {key for name, keys in reached.items() if outcomes.get(name) is False for key in keys}
     proven = {}
     for name, keys in reached.items():
