@@ -216,4 +216,8 @@ def test_twenty_wrapper_steps_with_changing_batches_compile_at_most_twice(every_
         q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
         assert all(torch.equal(a, b) for a, b in zip(compiled(q), call(q))), step
     record_property("compiles", counter.frame_count)
-    assert counter.frame_count <= (1 if kind.startswith("decode") and use_cuda_graph else 3)
+    record_property("recompiled_for", " | ".join(str(reason) for reasons in torch._dynamo.utils.guard_failures.values()
+                                                 for reason in reasons)[:2000])
+    # A use_cuda_graph=True decode wrapper keeps its buffers and passes only the plan: once. The tensor-core decode
+    # runs the paged prefill module, whose run passes plan-state ints (how-it-works.md, "What remains a guard").
+    assert counter.frame_count <= (1 if kind == "decode" and use_cuda_graph else 3)

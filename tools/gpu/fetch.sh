@@ -15,6 +15,8 @@
 #                                                     (flash_ops.abi3.so, 1.76 GB) and sm100/ (SM90 loads sm90/common_ops)
 #   bash tools/gpu/fetch.sh flashinfer V .fi<V>/      one FlashInfer release (e.g. 0.6.12 for P1 against FlashInfer's op)
 #   bash tools/gpu/fetch.sh shim         .ourwheel/   this project's wheel (the hook and plugin routes need a real install)
+#   bash tools/gpu/fetch.sh xdist        .gputools/   pytest-xdist and execnet: GPU tests in parallel processes, so
+#                                                     their JIT builds run at once (the machine has 16 cores)
 #
 # Why these versions: SGLang 0.5.11 pins torch 2.11.0 (the GPU machine's torch) and sglang-kernel 0.4.2 built for
 # it, so its real engine runs there; 0.5.14 pins torch 2.11.0 and sglang-kernel 0.4.4 too; 0.5.9 pins torch
@@ -92,6 +94,8 @@ PY
     rm -rf "$scratch" ;;
   flashinfer)
     download ".fi${2:?version}" "flashinfer-python==$2" apache-tvm-ffi==0.1.15.post2 ;;
+  xdist)
+    download .gputools pytest-xdist execnet ;;
   shim)
     python3 -m pip wheel -q --no-deps -w .ourwheel . ;;  # build isolation: a fresh venv has only pip
   *)

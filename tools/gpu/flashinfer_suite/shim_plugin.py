@@ -48,7 +48,9 @@ def pytest_runtest_logreport(report):
         _results[path][outcome] += 1
         if report.failed:
             text = str(report.longrepr).strip().splitlines()
-            _failures.append({"test": report.nodeid, "error": (text[-1] if text else "")[:300]})
+            said = [line[1:].strip() for line in text if line.startswith("E ")][:8]  # the assertion's own words
+            _failures.append({"test": report.nodeid, "error": (text[-1] if text else "")[:300],
+                              "said": "\n".join(said)[:1200]})
         _write(None)  # after every test: a run the step's timeout kills still leaves its counts
 
 
