@@ -10,6 +10,12 @@ equal to eager bit for bit, replayed from a CUDA graph and clean under ``torch.l
 cost is FlashInfer's own by construction (the layer rebinds nothing; ``tests/declared/test_declared_ops_trace_on_cpu.py``
 holds it). The CPU trace of each function on fake CUDA tensors (the installed release, every op on) says
 which declared ops it reaches. A declaration is proven when a passing function reaches its op and no failing one does.
+
+The stateful attention wrappers' run() (``tests/gpu/test_gpu_attention.py``) names its public function and the op
+it reached in JUnit properties instead; a function passes when all its tests do. ``--add`` adds such a file's run
+to a release's record made by an earlier run (both commits and dates are kept):
+
+    python tools/gpu/proven_record.py --add --junit gpu_attention_V.xml --commit 5c1e2a0 --date 2026-12-05 ...
 """
 
 from __future__ import annotations
@@ -103,6 +109,24 @@ def _registered() -> dict:
     return fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]
 
 
+def _added(earlier: dict, run: dict, failing: set) -> dict:
+    """The release's record with a second run's functions added (a GPU test file run on its own, at another
+    commit): both runs' dates and commits, their counts summed, a declaration this run's failing function reaches
+    taken out."""
+    if (earlier["machine"], earlier["torch"]) != (run["machine"], run["torch"]):
+        raise SystemExit(f"--add: the earlier run was on {earlier['machine']} with torch {earlier['torch']}; "
+                         "measure both on one machine and torch, or record this run alone")
+    joined = lambda field: ", ".join(dict.fromkeys(f"{earlier[field]}, {run[field]}".split(", ")))  # noqa: E731
+    declarations = {key: dict(entry, functions=list(entry["functions"]))
+                    for key, entry in earlier["declarations"].items() if key not in failing}
+    for key, entry in run["declarations"].items():
+        functions = declarations.setdefault(key, dict(entry, functions=[]))["functions"]
+        functions.extend(name for name in entry["functions"] if name not in functions)
+    return {**run, "date": joined("date"), "shim": joined("shim"), "declarations": declarations,
+            "functions_passed": earlier["functions_passed"] + run["functions_passed"],
+            "functions_run": earlier["functions_run"] + run["functions_run"]}
+
+
 def read_record() -> dict:
     namespace = {}
     if RECORD.exists():
@@ -138,6 +162,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--junit", type=Path, required=True, action="append",
                         help="a GPU run's JUnit XML; repeat it for each file of one run")
+    parser.add_argument("--add", action="store_true",
+                        help="add to the release's record instead of replacing it (a run of another test file)")
     for name in ("commit", "date", "gpu", "torch"):
         parser.add_argument(f"--{name}", required=True)
     options = parser.parse_args()
@@ -145,7 +171,8 @@ def main() -> int:
     for junit in options.junit:
         outcomes.update(gpu_outcomes(junit))
         passed, ops = recorded_outcomes(junit)
-        outcomes.update(passed)
+        for name, ok in passed.items():  # a function passes when its tests in every file do
+            outcomes[name] = outcomes.get(name, True) and ok
         recorded.update(ops)
     if not outcomes:
         raise SystemExit(f"{options.junit}: no {TEST} results and no test naming its function")
@@ -164,9 +191,11 @@ def main() -> int:
                 if key not in failing:
                     proven.setdefault(key, {"module": module, "op": op, "functions": []})["functions"].append(name)
     record = read_record()
-    record[flashinfer.__version__] = {
-        "date": options.date, "machine": options.gpu, "torch": options.torch, "shim": options.commit,
-        "functions_passed": sum(outcomes.values()), "functions_run": len(outcomes), "declarations": proven}
+    release = {"date": options.date, "machine": options.gpu, "torch": options.torch, "shim": options.commit,
+               "functions_passed": sum(outcomes.values()), "functions_run": len(outcomes), "declarations": proven}
+    if options.add and flashinfer.__version__ in record:
+        release = _added(record[flashinfer.__version__], release, failing)
+    record[flashinfer.__version__] = release
     write_record(record)
     print(f"flashinfer {flashinfer.__version__}: {len(proven)} declarations proven through "
           f"{sum(outcomes.values())} functions; not proven: {sorted(n for n, ok in outcomes.items() if not ok)}")
