@@ -30,7 +30,7 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
-from helpers import apply_with
+from helpers import apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
 DECODE = "flashinfer.decode.get_batch_decode_module.run_batch_decode"
@@ -230,21 +230,18 @@ def test_compiled_run_equals_eager_bit_for_bit_with_its_in_place_writes(attentio
     def call(q, out, lse):
         return CASES[kind].run(wrapper, q, cache, out=out, lse=lse, return_lse=True)
 
-    results = []
-    for compiled in (False, True):
+    def prepare():
         wrapper._float_workspace_buffer.zero_()
         wrapper._int_workspace_buffer.zero_()
         attention["calls"].clear()
-        out, lse = torch.full_like(q, -1), torch.full((rows, HEADS), -1.0)
-        torch._dynamo.reset()
-        function = torch.compile(call, fullgraph=True, backend=backend) if compiled else call
-        returned = function(q, out, lse)
+        return q, torch.full_like(q, -1), torch.full((rows, HEADS), -1.0)
+
+    def record(compiled, returned, arguments):
         assert attention["calls"] == [(compiled, list(wrapper._plan_info))]  # eager: FlashInfer's own call, no op
-        results.append((*returned, out, lse, wrapper._float_workspace_buffer.clone(),
-                        wrapper._int_workspace_buffer.clone()))
-    for eager, compiled in zip(*results):
-        assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
-        assert torch.equal(compiled, eager)
+        return (*returned, *arguments[1:], wrapper._float_workspace_buffer.clone(),
+                wrapper._int_workspace_buffer.clone())
+
+    eager_then_compiled(call, backend, prepare, record)
 
 
 def _steps(kind, wrapper, compiled, cache, batches, rng):

@@ -25,7 +25,7 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
-from helpers import apply_with
+from helpers import apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
 KEY = "flashinfer.decode.get_trtllm_gen_decode_module.paged_run"
@@ -141,22 +141,19 @@ def test_compiled_trtllm_gen_run_equals_eager_bit_for_bit_with_its_in_place_writ
     def call(q, out, lse):
         return wrapper.run(q, cache, out=out, lse=lse, return_lse=True)
 
-    results = []
-    for compiled in (False, True):
+    def prepare():
         wrapper._float_workspace_buffer.zero_()
         wrapper._trtllm_gen_multi_ctas_kv_counter_buffer.zero_()
         trtllm_gen["calls"].clear()
-        out, lse = torch.full_like(q, -1), torch.full((rows, HEADS), -1.0)
-        torch._dynamo.reset()
-        function = torch.compile(call, fullgraph=True, backend=backend) if compiled else call
-        returned = function(q, out, lse)
+        return q, torch.full_like(q, -1), torch.full((rows, HEADS), -1.0)
+
+    def record(compiled, returned, arguments):
         assert trtllm_gen["calls"] == [(compiled, wrapper._max_kv_len)]  # eager: FlashInfer's own call, no op
-        results.append((*returned, out, lse, wrapper._float_workspace_buffer.clone(),
-                        wrapper._trtllm_gen_multi_ctas_kv_counter_buffer.clone()))
-    assert results[0][-1].any() and not results[0][0].isnan().any()
-    for eager, compiled in zip(*results):
-        assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
-        assert torch.equal(compiled, eager)
+        counter = wrapper._trtllm_gen_multi_ctas_kv_counter_buffer.clone()
+        assert counter.any() and not returned[0].isnan().any()  # the stand-in wrote: the comparison means something
+        return (*returned, *arguments[1:], wrapper._float_workspace_buffer.clone(), counter)
+
+    eager_then_compiled(call, backend, prepare, record)
 
 
 def test_twenty_trtllm_gen_steps_with_changing_batches_recompile_only_while_dynamic_shapes_settle(trtllm_gen):

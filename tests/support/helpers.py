@@ -86,3 +86,21 @@ def torch_refuses_declared_ops(monkeypatch, ops=None, error=RuntimeError("inject
             return define(self, schema, *args, **kwargs)
 
     monkeypatch.setattr(torch.library, "Library", Refusing)
+
+
+def eager_then_compiled(call, backend: str, prepare, record) -> None:
+    """Call ``call`` eagerly, then compiled with ``fullgraph=True`` and ``backend``, on fresh arguments each time
+    (``prepare()`` resets what the call writes and returns its arguments), then compare what ``record(compiled,
+    returned, arguments)`` kept of each run: the same shapes, strides, dtypes and bits."""
+    import torch
+    import torch._dynamo
+
+    results = []
+    for compiled in (False, True):
+        arguments = prepare()
+        torch._dynamo.reset()
+        function = torch.compile(call, fullgraph=True, backend=backend) if compiled else call
+        results.append(record(compiled, function(*arguments), arguments))
+    for eager, compiled in zip(*results):
+        assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
+        assert torch.equal(compiled, eager)
