@@ -27,6 +27,7 @@ import torch._dynamo
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
 from helpers import apply_with
+from moe_inputs import EXPERTS, HIDDEN, INTERMEDIATE, TOP_K, bf16_moe_arguments
 from stand_in_gpu import RecordingSpec
 
 core = sys.modules["flashinfer.fused_moe.core"]
@@ -35,7 +36,6 @@ pytestmark = pytest.mark.skipif(not hasattr(core, "_get_trtllm_moe_sm100_module_
 TRTLLM = ("trtllm_bf16_moe", "trtllm_fp8_per_tensor_scale_moe", "trtllm_fp8_per_tensor_scale_routed_moe",
           "trtllm_fp8_per_channel_scale_moe", "trtllm_fp8_block_scale_moe", "trtllm_fp4_block_scale_moe",
           "trtllm_mxint4_block_scale_moe")
-TOKENS, HIDDEN, EXPERTS, INTERMEDIATE, TOP_K = 4, 128, 8, 64, 2
 
 
 class StandInMoE:
@@ -88,13 +88,7 @@ def moe():
 
 
 def _arguments():
-    generator = torch.Generator().manual_seed(0)
-    return dict(routing_logits=torch.randn(TOKENS, EXPERTS, generator=generator), routing_bias=None,
-                hidden_states=torch.randn(TOKENS, HIDDEN, generator=generator).to(torch.bfloat16),
-                gemm1_weights=torch.randn(EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=generator).to(torch.bfloat16),
-                gemm2_weights=torch.randn(EXPERTS, HIDDEN, INTERMEDIATE, generator=generator).to(torch.bfloat16),
-                num_experts=EXPERTS, top_k=TOP_K, n_group=None, topk_group=None, intermediate_size=INTERMEDIATE,
-                local_expert_offset=0, local_num_experts=EXPERTS, do_finalize=False)
+    return bf16_moe_arguments()
 
 
 def _moe(arguments):

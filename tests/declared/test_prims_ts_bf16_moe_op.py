@@ -26,13 +26,13 @@ import torch._dynamo
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.errors import NotExpressibleError
 from helpers import apply_with
+from moe_inputs import EXPERTS, HIDDEN, INTERMEDIATE, TOKENS, TOP_K, bf16_moe_arguments
 
 NAME = "flashinfer.fused_moe.backends.prims_ts.bf16_op"
 if importlib.util.find_spec("flashinfer.fused_moe.backends.prims_ts") is None:
     pytest.skip("prims_ts' BF16 MoE is in 0.7.4 on", allow_module_level=True)
 bf16_op = importlib.import_module(NAME)
 KEY = f"{NAME}.prims_ts_bf16_moe_op"
-TOKENS, HIDDEN, EXPERTS, INTERMEDIATE, TOP_K = 4, 128, 8, 64, 2
 
 
 class Runner:
@@ -78,14 +78,8 @@ def prims_ts():
 
 
 def _arguments(do_finalize):
-    generator = torch.Generator().manual_seed(0)
-    return dict(routing_logits=torch.randn(TOKENS, EXPERTS, generator=generator), routing_bias=None,
-                hidden_states=torch.randn(TOKENS, HIDDEN, generator=generator).to(torch.bfloat16),
-                gemm1_weights=torch.randn(EXPERTS, 2 * INTERMEDIATE, HIDDEN, generator=generator).to(torch.bfloat16),
-                gemm2_weights=torch.randn(EXPERTS, HIDDEN, INTERMEDIATE, generator=generator).to(torch.bfloat16),
-                num_experts=EXPERTS, top_k=TOP_K, n_group=None, topk_group=None, intermediate_size=INTERMEDIATE,
-                local_expert_offset=0, local_num_experts=EXPERTS, do_finalize=do_finalize, enable_pdl=False,
-                routing_replay_out=torch.zeros(TOKENS, TOP_K, dtype=torch.int32))
+    return bf16_moe_arguments(do_finalize=do_finalize, enable_pdl=False,
+                              routing_replay_out=torch.zeros(TOKENS, TOP_K, dtype=torch.int32))
 
 
 def _moe(arguments):
