@@ -246,3 +246,24 @@ def test_under_the_default_gate_nothing_changes_until_a_gpu_run_proves_it_and_th
         assert run is not FLASHINFER_RUN and run.__wrapped__ is FLASHINFER_RUN
     finally:
         apply_with(monkeypatch, FLASHINFER_OPS=None)
+
+
+def test_a_run_whose_body_differs_from_flashinfers_keeps_the_declarations_not_expressible(monkeypatch):
+    """The traced run reproduces FlashInfer's run before its op (0.5.3-0.7.4 share the body): a release whose run is
+    another is left alone, and says why."""
+
+    def run(self, x, weights, batch_size, weight_column_major, out=None, seg_lens=None, seg_indptr=None,
+            weight_indices=None):
+        return FLASHINFER_RUN(self, x, weights, batch_size, weight_column_major, out, seg_lens, seg_indptr,
+                              weight_indices)
+
+    monkeypatch.setattr(flashinfer.SegmentGEMMWrapper, "run", run)
+    try:
+        status = apply_with(monkeypatch, FLASHINFER_OPS="all")
+        assert status["applied"], status["problem"]
+        listed = status["flashinfer_ops"]["not_registered"]
+        assert {listed[key]["kind"] for key in DECLARATIONS} == {"not expressible"}
+        assert all("SegmentGEMMWrapper.run differs from the body" in listed[key]["reason"] for key in DECLARATIONS)
+        assert flashinfer.SegmentGEMMWrapper.__dict__["run"] is run
+    finally:
+        apply_with(monkeypatch, FLASHINFER_OPS=None)
