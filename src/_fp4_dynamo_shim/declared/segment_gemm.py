@@ -32,8 +32,10 @@ from typing import Optional
 import torch
 
 from .. import sources
+from . import build
 from . import rules
 from .build import NAMESPACE
+from .codegen import NotExpressible
 
 OP = "segment_gemm_run"
 SCHEMA = ("(Tensor(a!) float_workspace, Tensor(b!) int_workspace, Tensor x, Tensor weights, int batch_size, "
@@ -113,18 +115,37 @@ def _not_covered(module, cls) -> Optional[str]:
 
 def install(layer, registrar) -> None:
     """Make ``SegmentGEMMWrapper.run`` one op where the gate selected its declarations; they then say which op
-    covers them. Where it cannot, they keep the rule's reason (not expressible)."""
+    covers them. Where it cannot, they keep the rule's reason (not expressible); a registration that goes wrong
+    fails them (one warning; STRICT refuses the shim), as an op's would."""
     covered = [o for o in layer.outcomes if o.kind == rules.NOT_EXPRESSIBLE
                and (o.module, o.key.rsplit(".", 1)[-1]) in rules.WRITES_THROUGH_ADDRESSES]
     if not covered:
         return
-    module = sys.modules.get(covered[0].module)
-    cls = getattr(module, rules.SEGMENT_GEMM_WRAPPER, None)
-    problem = _not_covered(module, cls)
+    try:
+        module = build.module_named(covered[0].module)
+        cls = getattr(module, rules.SEGMENT_GEMM_WRAPPER, None)
+        problem = _not_covered(module, cls)
+    except NotExpressible as fact:
+        problem = str(fact)
     if problem is not None:
         for outcome in covered:
             outcome.refuse(f"{outcome.reason}; the wrapper's run is not one op either: {problem}")
         return
+    try:
+        name, original = _rebind(layer, registrar, module, cls)
+    except Exception as error:  # registration itself went wrong: listed, STRICT raises
+        for outcome in covered:
+            outcome.fail(error, f"{rules.SEGMENT_GEMM_WRAPPER}.run's op: ")
+        return
+    layer.pending.append((original, _traced(module), covered, f"{rules.SEGMENT_GEMM_WRAPPER}.run"))
+    for outcome in covered:
+        outcome.refuse(f"{rules.SEGMENT_GEMM_WRAPPER}.run is one op, {NAMESPACE}::{name}, which computes the "
+                       "addresses from the output it writes", rules.WRAPPER_OP)
+
+
+def _rebind(layer, registrar, module, cls) -> tuple:
+    """Register the op and put the thin method on the class (both undone by ``revert()``): (the op's name,
+    FlashInfer's run)."""
     global _op
     original = cls.__dict__["run"]
     name = registrar.unique(OP)
@@ -139,10 +160,7 @@ def install(layer, registrar) -> None:
     cls.run = run
     layer.undo.push(lambda: setattr(cls, "run", original))
     layer.helpers.append(f"{module.__name__}.{rules.SEGMENT_GEMM_WRAPPER}.run (one op: {NAMESPACE}::{name})")
-    layer.pending.append((original, _traced(module), covered, f"{rules.SEGMENT_GEMM_WRAPPER}.run"))
-    for outcome in covered:
-        outcome.refuse(f"{rules.SEGMENT_GEMM_WRAPPER}.run is one op, {NAMESPACE}::{name}, which computes the "
-                       "addresses from the output it writes", rules.WRAPPER_OP)
+    return name, original
 
 
 def _forget() -> None:
