@@ -110,9 +110,11 @@ def _clear_getters():
     gemm_base.get_gemm_sm90_module.cache_clear()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def segment_gemm():
-    """Every declared op on (gate ``all``), with the stand-ins; yields the GEMM's call record and the status."""
+    """Every declared op on (gate ``all``), with the stand-ins; yields the GEMM's call record and the status. Applied
+    per test: what the layer runs at apply time (the op's kernel and traced run are made there) then belongs to each
+    test, for mutmut's map of which test reaches which function."""
     live, calls = {}, []
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
@@ -192,6 +194,35 @@ def test_compiled_run_equals_eager_bit_for_bit_with_its_writes_and_eager_never_p
         assert torch.equal(compiled, eager)
 
 
+def test_row_major_weights_and_segment_lengths_compile_equal_to_eager(segment_gemm):
+    """FlashInfer's other forms: weights (num_weights, d_in, d_out) and ``seg_lens`` in place of ``seg_indptr``."""
+    wrapper, (x, weights, seg_lens, indices) = _wrapper("sm80"), _inputs()
+    row_major = weights.transpose(1, 2).contiguous()
+    call = lambda x: wrapper.run(x, row_major, len(SEGMENTS), False, seg_lens=seg_lens, weight_indices=indices)  # noqa: E731
+    eager = call(x)
+    torch._dynamo.reset()
+    compiled = torch.compile(call, fullgraph=True, backend="inductor")(x)
+    assert eager.shape == (x.size(0), D_OUT) and torch.equal(compiled, eager)
+
+
+def test_flashinfers_checks_run_in_the_traced_run_before_the_op(segment_gemm):
+    """No segments given, or an ``out`` of the wrong shape: FlashInfer's ValueError, raised while tracing (Dynamo
+    reports it as Unsupported under fullgraph, with FlashInfer's message), where the call reaches the op otherwise."""
+    wrapper, (x, weights, seg_lens, _) = _wrapper("sm80"), _inputs()
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    torch.compile(lambda x: wrapper.run(x, weights, len(SEGMENTS), True, seg_lens=seg_lens), fullgraph=True,
+                  backend=counter)(x)
+    assert _ops(counter.graphs) == [f"{DECLARED_NAMESPACE}.{segment_gemm['op']}.default"]
+    wrong = torch.empty(x.size(0), D_OUT + 1, dtype=x.dtype)
+    for call, message in ((lambda x: wrapper.run(x, weights, len(SEGMENTS), True), "Either seg_lens or seg_indptr"),
+                          (lambda x: wrapper.run(x, weights, len(SEGMENTS), True, out=wrong, seg_lens=seg_lens),
+                           "Output tensor shape mismatch, expected")):
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported, match=message):
+            torch.compile(call, fullgraph=True, backend="aot_eager")(x)
+
+
 def test_fp8_input_gets_a_bfloat16_output_as_flashinfer_allocates_it(segment_gemm):
     wrapper, (x, weights, seg_lens, indices) = _wrapper("sm80"), _inputs(torch.float8_e4m3fn)
     call = lambda x: wrapper.run(x, weights, len(SEGMENTS), True, seg_lens=seg_lens)  # noqa: E731
@@ -214,7 +245,8 @@ def test_opcheck_holds_the_op_with_the_stand_in_kernels(segment_gemm):
 def test_status_says_which_op_covers_the_two_declarations_under_the_gate_all(segment_gemm):
     listed = segment_gemm["status"]["not_registered"]
     assert {key: listed[key]["kind"] for key in DECLARATIONS} == dict.fromkeys(DECLARATIONS, "covered by a wrapper's op")
-    assert all(f"{DECLARED_NAMESPACE}::{segment_gemm['op']}" in listed[key]["reason"] for key in DECLARATIONS)
+    assert all(listed[key]["reason"] == f"SegmentGEMMWrapper.run is one op, {DECLARED_NAMESPACE}::{segment_gemm['op']}, "
+               "which computes the addresses from the output it writes" for key in DECLARATIONS)
 
 
 def test_revert_restores_flashinfers_run_and_compiling_fails_again_as_without_the_shim(segment_gemm):
@@ -248,15 +280,23 @@ def test_under_the_default_gate_nothing_changes_until_a_gpu_run_proves_it_and_th
         apply_with(monkeypatch, FLASHINFER_OPS=None)
 
 
-def test_a_run_whose_body_differs_from_flashinfers_keeps_the_declarations_not_expressible(monkeypatch):
+def _another_body(self, x, weights, batch_size, weight_column_major, out=None, seg_lens=None, seg_indptr=None,
+                  weight_indices=None):
+    return FLASHINFER_RUN(self, x, weights, batch_size, weight_column_major, out, seg_lens, seg_indptr, weight_indices)
+
+
+_NO_SOURCE: dict = {}
+exec("def run(self, *arguments, **keywords):\n    return FLASHINFER_RUN(self, *arguments, **keywords)\n",  # noqa: S102
+     {"FLASHINFER_RUN": FLASHINFER_RUN}, _NO_SOURCE)
+
+
+@pytest.mark.parametrize("run, reason", [
+    (_another_body, "SegmentGEMMWrapper.run differs from the body the shim's traced run reproduces"),
+    (_NO_SOURCE["run"], "SegmentGEMMWrapper.run cannot be read (OSError: "),
+], ids=["another_body", "no_source"])
+def test_a_run_that_is_not_flashinfers_as_read_keeps_the_declarations_not_expressible(monkeypatch, run, reason):
     """The traced run reproduces FlashInfer's run before its op (0.5.3-0.7.4 share the body): a release whose run is
-    another is left alone, and says why."""
-
-    def run(self, x, weights, batch_size, weight_column_major, out=None, seg_lens=None, seg_indptr=None,
-            weight_indices=None):
-        return FLASHINFER_RUN(self, x, weights, batch_size, weight_column_major, out, seg_lens, seg_indptr,
-                              weight_indices)
-
+    another, or cannot be read, is left alone, and says why."""
     apply_with(monkeypatch, FLASHINFER_OPS=None)  # FlashInfer's class as it is, for this test to replace its run
     monkeypatch.setattr(flashinfer.SegmentGEMMWrapper, "run", run)
     try:
@@ -264,7 +304,31 @@ def test_a_run_whose_body_differs_from_flashinfers_keeps_the_declarations_not_ex
         assert status["applied"], status["problem"]
         listed = status["flashinfer_ops"]["not_registered"]
         assert {listed[key]["kind"] for key in DECLARATIONS} == {"not expressible"}
-        assert all("SegmentGEMMWrapper.run differs from the body" in listed[key]["reason"] for key in DECLARATIONS)
+        assert all(f"the wrapper's run is not one op either: {reason}" in listed[key]["reason"] for key in DECLARATIONS)
         assert flashinfer.SegmentGEMMWrapper.__dict__["run"] is run
     finally:
+        apply_with(monkeypatch, FLASHINFER_OPS=None)
+
+
+def test_an_op_that_fails_to_register_fails_both_declarations_and_leaves_the_class_alone(monkeypatch):
+    """Registering goes wrong (here torch refuses the schema): listed as failed with the error, as any op's failure
+    is, and FlashInfer's run stays on the class."""
+    define = torch.library.Library.define
+
+    def refusing(self, schema, *arguments, **keywords):
+        if schema.startswith("segment_gemm_run("):
+            raise RuntimeError("refused by the test")
+        return define(self, schema, *arguments, **keywords)
+
+    apply_with(monkeypatch, FLASHINFER_OPS=None)
+    monkeypatch.setattr(torch.library.Library, "define", refusing)
+    try:
+        status = apply_with(monkeypatch, FLASHINFER_OPS="all")
+        listed = status["flashinfer_ops"]["not_registered"]
+        assert {listed[key]["kind"] for key in DECLARATIONS} == {"failed"}
+        assert all(listed[key]["reason"] == "SegmentGEMMWrapper.run's op: RuntimeError: refused by the test"
+                   for key in DECLARATIONS)
+        assert flashinfer.SegmentGEMMWrapper.__dict__["run"] is FLASHINFER_RUN
+    finally:
+        monkeypatch.undo()
         apply_with(monkeypatch, FLASHINFER_OPS=None)
