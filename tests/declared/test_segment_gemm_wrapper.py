@@ -111,26 +111,30 @@ def _clear_getters():
 
 
 @pytest.fixture
-def segment_gemm():
-    """Every declared op on (gate ``all``), with the stand-ins; yields the GEMM's call record and the status. Applied
-    per test: what the layer runs at apply time (the op's kernel and traced run are made there) then belongs to each
-    test, for mutmut's map of which test reaches which function."""
-    live, calls = {}, []
-    with pytest.MonkeyPatch.context() as patch:
-        status = apply_with(patch, FLASHINFER_OPS="all")
+def apply_all(monkeypatch):
+    """``apply_all()``: every declared op on (gate ``all``), with the stand-ins; returns the GEMM's call record, the
+    op's name and the status. Tests call it in their body: what the layer makes at apply time (the op's kernel, the
+    traced run) then belongs to the test's call phase, where mutmut maps which test reaches which function."""
+
+    def apply():
+        live, calls = {}, []
+        status = apply_with(monkeypatch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
         op_name = _op_name(status["flashinfer_ops"])
         module = StandInGemmModule(live, calls, op_name)
         for name in ("gen_gemm_module", "gen_gemm_sm90_module"):
-            patch.setattr(gemm_base, name, lambda: RecordingSpec(module))
+            monkeypatch.setattr(gemm_base, name, lambda: RecordingSpec(module))
         triton, kernels = types.ModuleType("flashinfer.triton"), types.ModuleType("flashinfer.triton.gemm")
         kernels.compute_sm80_group_gemm_args = kernels.compute_sm90_group_gemm_args = ArgsKernel(live)
         triton.gemm = kernels
-        patch.setitem(sys.modules, "flashinfer.triton", triton)
-        patch.setitem(sys.modules, "flashinfer.triton.gemm", kernels)
+        monkeypatch.setitem(sys.modules, "flashinfer.triton", triton)
+        monkeypatch.setitem(sys.modules, "flashinfer.triton.gemm", kernels)
         _clear_getters()
-        yield {"calls": calls, "op": op_name, "status": status["flashinfer_ops"]}
-        _clear_getters()
+        return {"calls": calls, "op": op_name, "status": status["flashinfer_ops"]}
+
+    yield apply
+    _clear_getters()
+    monkeypatch.undo()
     fp4_dynamo_shim.revert()
     assert fp4_dynamo_shim.apply()
 
@@ -152,7 +156,8 @@ def _ops(graphs) -> list:
 
 
 @pytest.mark.parametrize("backend", ["sm80", "sm90"])
-def test_run_traces_to_exactly_one_shim_op_with_no_graph_break(segment_gemm, backend):
+def test_run_traces_to_exactly_one_shim_op_with_no_graph_break(apply_all, backend):
+    segment_gemm = apply_all()
     wrapper, (x, weights, seg_lens, indices) = _wrapper(backend), _inputs()
     torch._dynamo.reset()
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
@@ -165,8 +170,9 @@ def test_run_traces_to_exactly_one_shim_op_with_no_graph_break(segment_gemm, bac
 @pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
 @pytest.mark.parametrize("backend", ["sm80", "sm90"])
 def test_compiled_run_equals_eager_bit_for_bit_with_its_writes_and_eager_never_passes_the_op(
-        segment_gemm, backend, compiler, given_out):
+        apply_all, backend, compiler, given_out):
     """The result, the caller's ``out`` and both workspaces. The eager call is FlashInfer's own, never the op's."""
+    segment_gemm = apply_all()
     wrapper, (x, weights, seg_lens, indices) = _wrapper(backend), _inputs()
     indptr = torch.tensor([0, *SEGMENTS]).cumsum(0)
 
@@ -194,8 +200,9 @@ def test_compiled_run_equals_eager_bit_for_bit_with_its_writes_and_eager_never_p
         assert torch.equal(compiled, eager)
 
 
-def test_row_major_weights_and_segment_lengths_compile_equal_to_eager(segment_gemm):
+def test_row_major_weights_and_segment_lengths_compile_equal_to_eager(apply_all):
     """FlashInfer's other forms: weights (num_weights, d_in, d_out) and ``seg_lens`` in place of ``seg_indptr``."""
+    apply_all()
     wrapper, (x, weights, seg_lens, indices) = _wrapper("sm80"), _inputs()
     row_major = weights.transpose(1, 2).contiguous()
     call = lambda x: wrapper.run(x, row_major, len(SEGMENTS), False, seg_lens=seg_lens, weight_indices=indices)  # noqa: E731
@@ -205,9 +212,10 @@ def test_row_major_weights_and_segment_lengths_compile_equal_to_eager(segment_ge
     assert eager.shape == (x.size(0), D_OUT) and torch.equal(compiled, eager)
 
 
-def test_flashinfers_checks_run_in_the_traced_run_before_the_op(segment_gemm):
+def test_flashinfers_checks_run_in_the_traced_run_before_the_op(apply_all):
     """No segments given, or an ``out`` of the wrong shape: FlashInfer's ValueError, raised while tracing (Dynamo
     reports it as Unsupported under fullgraph, with FlashInfer's message), where the call reaches the op otherwise."""
+    segment_gemm = apply_all()
     wrapper, (x, weights, seg_lens, _) = _wrapper("sm80"), _inputs()
     counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
     torch._dynamo.reset()
@@ -223,7 +231,8 @@ def test_flashinfers_checks_run_in_the_traced_run_before_the_op(segment_gemm):
             torch.compile(call, fullgraph=True, backend="aot_eager")(x)
 
 
-def test_fp8_input_gets_a_bfloat16_output_as_flashinfer_allocates_it(segment_gemm):
+def test_fp8_input_gets_a_bfloat16_output_as_flashinfer_allocates_it(apply_all):
+    apply_all()
     wrapper, (x, weights, seg_lens, indices) = _wrapper("sm80"), _inputs(torch.float8_e4m3fn)
     call = lambda x: wrapper.run(x, weights, len(SEGMENTS), True, seg_lens=seg_lens)  # noqa: E731
     eager = call(x)
@@ -232,9 +241,10 @@ def test_fp8_input_gets_a_bfloat16_output_as_flashinfer_allocates_it(segment_gem
     assert compiled.dtype == eager.dtype == torch.bfloat16 and torch.equal(compiled, eager)
 
 
-def test_opcheck_holds_the_op_with_the_stand_in_kernels(segment_gemm):
+def test_opcheck_holds_the_op_with_the_stand_in_kernels(apply_all):
     """torch.library.opcheck runs the op (FlashInfer's run on the stand-ins) and checks its schema's write claims
     (out, both workspaces), its fake and its registration."""
+    segment_gemm = apply_all()
     wrapper, (x, weights, _, indices) = _wrapper("sm90"), _inputs(torch.float32)
     op = getattr(getattr(torch.ops, DECLARED_NAMESPACE), segment_gemm["op"]).default
     torch.library.opcheck(op, (wrapper._float_workspace_buffer, wrapper._int_workspace_buffer, x, weights,
@@ -242,14 +252,16 @@ def test_opcheck_holds_the_op_with_the_stand_in_kernels(segment_gemm):
                                indices, "sm90"))
 
 
-def test_status_says_which_op_covers_the_two_declarations_under_the_gate_all(segment_gemm):
+def test_status_says_which_op_covers_the_two_declarations_under_the_gate_all(apply_all):
+    segment_gemm = apply_all()
     listed = segment_gemm["status"]["not_registered"]
     assert {key: listed[key]["kind"] for key in DECLARATIONS} == dict.fromkeys(DECLARATIONS, "covered by a wrapper's op")
     assert all(listed[key]["reason"] == f"SegmentGEMMWrapper.run is one op, {DECLARED_NAMESPACE}::{segment_gemm['op']}, "
                "which computes the addresses from the output it writes" for key in DECLARATIONS)
 
 
-def test_revert_restores_flashinfers_run_and_compiling_fails_again_as_without_the_shim(segment_gemm):
+def test_revert_restores_flashinfers_run_and_compiling_fails_again_as_without_the_shim(apply_all):
+    apply_all()
     assert flashinfer.SegmentGEMMWrapper.__dict__["run"] is not FLASHINFER_RUN
     wrapper, (x, weights, seg_lens, _) = _wrapper("sm80"), _inputs()
     fp4_dynamo_shim.revert()
