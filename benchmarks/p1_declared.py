@@ -1,6 +1,7 @@
 """P1 for FlashInfer's declared ops: eager per-call cost of a norm, a rope, an activation and a
 sampling function with every declared op turned on, against FlashInfer alone, a dispatcher op and the floor;
-and of the fa2 batch decode wrapper's ``run()`` and ``plan()``, against FlashInfer alone (M is the batch).
+and of the fa2 batch decode wrapper's ``run()`` and ``plan()`` and ``SegmentGEMMWrapper.run`` (sm80), against
+FlashInfer alone (M is the batch, or the number of segments).
 
 Columns (microseconds per call, same inputs, same kernel):
 
@@ -140,9 +141,21 @@ def batch_decode_plan(batch, hidden):
     return {"public": lambda: wrapper.plan(*plan, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)}
 
 
+def segment_gemm_run(segments, hidden):
+    """SegmentGEMMWrapper.run (sm80 backend) over ``segments`` segments of 16 rows: what the layer adds eagerly is
+    the thin class method through which Dynamo reaches the run's polyfill."""
+    import flashinfer
+
+    wrapper = flashinfer.SegmentGEMMWrapper(torch.zeros(128 << 20, dtype=torch.int8, device="cuda"), backend="sm80")
+    x = torch.randn(16 * segments, hidden, device="cuda", dtype=torch.bfloat16)
+    weights = torch.randn(segments, 128, hidden, device="cuda", dtype=torch.bfloat16)
+    indptr = torch.arange(0, 16 * segments + 1, 16, device="cuda", dtype=torch.int64)
+    return {"public": lambda: wrapper.run(x, weights, segments, True, seg_indptr=indptr)}
+
+
 FUNCTIONS = {"rmsnorm": rmsnorm, "apply_rope_pos_ids": apply_rope_pos_ids, "silu_and_mul": silu_and_mul,
              "top_k_sampling_from_probs": top_k_sampling_from_probs, "batch_decode_run": batch_decode_run,
-             "batch_decode_plan": batch_decode_plan}
+             "batch_decode_plan": batch_decode_plan, "segment_gemm_run": segment_gemm_run}
 
 
 def measure(configs, hidden, calls, rounds) -> dict:

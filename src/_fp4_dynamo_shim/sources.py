@@ -155,6 +155,13 @@ def digest(tree: ast.Module, node: ast.AST, stop: frozenset = frozenset()) -> Tu
     return hashlib.sha256(text.encode()).hexdigest()[:16], stopped
 
 
+def function_digest(node: ast.FunctionDef) -> str:
+    """A digest of a function's parameters and body as written, docstring, decorators and positions aside (a body
+    compared across releases whose decorators changed)."""
+    text = f"{_canonical(node.args)}\n{_canonical(_without_docstring(node.body))}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def signature(node: ast.AST) -> List[List[str]]:
     """[name, kind, default] per parameter (kind as ``inspect.Parameter`` names it; default as written, or "")."""
     if isinstance(node, ast.ClassDef):

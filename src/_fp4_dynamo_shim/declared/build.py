@@ -192,6 +192,10 @@ class Registrar:
         base = _base_name(declaration)
         if base in self.shared and declaration.getter is not None:
             base = f"{declaration.getter.strip('_').removeprefix('get_').removesuffix('_module')}_{base}"
+        return self.unique(base)
+
+    def unique(self, base: str) -> str:
+        """``base``, or ``base_2``, ... where an op of this fragment already has it."""
         name, suffix = base, 2
         while name in self.names:
             name, suffix = f"{base}_{suffix}", suffix + 1
@@ -199,8 +203,12 @@ class Registrar:
 
     def register(self, op: codegen.Op, kernel: Callable, fake: Callable):
         """Define the op; its name is taken from here on (a declaration refused on the way takes none)."""
-        self.names.add(op.name)
-        return oplib.define(self.library, op.name + op.schema, {device: kernel for device in oplib.DEVICES}, fake)
+        return self.define(op.name, op.schema, kernel, fake)
+
+    def define(self, name: str, schema: str, kernel: Callable, fake: Callable):
+        """Define ``name`` with ``schema`` ("(arguments) -> returns"), one kernel for every device, and its fake."""
+        self.names.add(name)
+        return oplib.define(self.library, name + schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 
 def _untyped_takes_tvm_tensors(declaration: scan.Declaration, module, own: inspect.Signature) -> None:

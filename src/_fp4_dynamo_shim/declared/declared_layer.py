@@ -10,7 +10,8 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
 * Eager calls are FlashInfer's own: no function is rebound. Dynamo is told, through ``polyfill``, to trace the
   generated caller instead of FlashInfer's function (or instead of the getter whose namespace holds it), so
   FlashInfer's eager cost is unchanged and no dispatcher is on the eager path. The batch attention wrappers'
-  classes get a ``_plan_info`` property (``wrappers``): the one addition, for the plan their run reads.
+  classes get a ``_plan_info`` property (``wrappers``), for the plan their run reads, and ``SegmentGEMMWrapper.run``
+  a thin method through which Dynamo reaches its polyfill (``segment_gemm``): the two additions.
 * All of it happens when ``torch._dynamo`` is imported (at once if it is): nothing traces before, and a
   program that never compiles pays nothing at start-up (importing Dynamo itself costs about a second).
 * The gate ``FP4_DYNAMO_SHIM_FLASHINFER_OPS`` picks which declarations: what SGLang's traced paths call raw
@@ -34,6 +35,7 @@ from . import build
 from . import rules
 from . import polyfill
 from . import proven
+from . import segment_gemm
 from . import wrappers
 from .build import NAMESPACE, Layer, Outcome
 from .codegen import NotExpressible
@@ -170,10 +172,11 @@ def _register(layer: Layer) -> None:
                 for _, outcome in members:
                     if outcome.kind in (None, rules.REGISTERED):
                         outcome.fail(error, f"{getter}'s polyfill: ")
+        segment_gemm.install(layer, registrar)
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
             wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])
-            _install_polyfills(layer)
+        _install_polyfills(layer)
     except BaseException:
         revert(layer)
         raise

@@ -26,10 +26,10 @@ SGLANG = {
 }
 
 #: What became of a declaration (status()["flashinfer_ops"]["counts"] counts each).
-REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED = (
-    "registered", "off under the gate", "covered by the FP4 layer", "out of scope", "FlashInfer's own op",
-    "not expressible", "failed")
-KINDS = (REGISTERED, GATED_OFF, FP4_LAYER, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED)
+REGISTERED, GATED_OFF, FP4_LAYER, WRAPPER_OP, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED = (
+    "registered", "off under the gate", "covered by the FP4 layer", "covered by a wrapper's op", "out of scope",
+    "FlashInfer's own op", "not expressible", "failed")
+KINDS = (REGISTERED, GATED_OFF, FP4_LAYER, WRAPPER_OP, OUT_OF_SCOPE, FLASHINFER_OWN, NOT_EXPRESSIBLE, FAILED)
 
 #: The getter the FP4 layer owns (it builds the module when it applies; ``family_ops`` carries its functions).
 FP4_GETTER = "get_fp4_quantization_module"
@@ -66,8 +66,13 @@ EXCLUSIONS = (
 #: A functionalized graph hands the op a copy of that tensor while the kernel writes the original, then copies the
 #: untouched copy back: the result is lost (measured on CPU with a stand-in kernel under aot_eager; Inductor kept it
 #: only because it re-used the buffer). (module, declared name) -> the tensor declared in the output's place.
+#: They stay listed so unless the wrapper method that computes the addresses becomes one op (SEGMENT_GEMM_WRAPPER).
 WRITES_THROUGH_ADDRESSES = {("flashinfer.gemm.gemm_base", "cutlass_segment_gemm"): "y",
                             ("flashinfer.gemm.gemm_base", "cutlass_segment_gemm_sm90"): "y"}
+
+#: The class whose ``run`` computes those addresses from its ``out`` and calls either declaration, in the declaring
+#: module: ``declared/segment_gemm.py`` makes the whole run one op, which covers both (WRAPPER_OP).
+SEGMENT_GEMM_WRAPPER = "SegmentGEMMWrapper"
 
 
 def excluded(module: str, getter: Optional[str], name: Optional[str]) -> Optional[Tuple[str, str]]:
