@@ -45,7 +45,7 @@ KILLED_SAMPLE = HERE / "killed_sample.txt"
 RESULTS = ROOT / ".mutation" / "results.json"
 STATS = ROOT / ".mutation" / "stats"
 #: Mutants per group that a full run writes to killed_sample.txt.
-SAMPLE_PER_GROUP = 14
+SAMPLE_PER_GROUP = 10
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
