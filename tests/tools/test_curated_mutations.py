@@ -26,3 +26,17 @@ def test_every_curated_mutation_has_a_name_of_its_own_tests_and_snippets_that_oc
     assert [m.name for m in mutations if not m.tests] == []
     stale = [m.name for m in mutations for path, old, _ in m.edits if (ROOT / path).read_text().count(old) != 1]
     assert stale == []
+
+
+def test_every_test_a_curated_mutation_names_exists():
+    """A renamed test leaves its mutation naming one that never runs: CI's baseline stage refuses it, after the
+    whole quick command; this says so within it."""
+    missing = []
+    for mutation in run_mutations.curated_mutations():
+        for test in mutation.tests:
+            path, _, name = test.partition("::")
+            function = name.split("[")[0].split("::")[-1]
+            source = ROOT / path
+            if not source.exists() or (function and f"def {function}(" not in source.read_text()):
+                missing.append((mutation.name, test))
+    assert missing == []
