@@ -61,14 +61,14 @@ def recorded_outcomes(junit: Path) -> tuple[dict, dict]:
     return outcomes, ops
 
 
-def reached_declarations() -> dict:
-    """public function -> {declaration key: (module, op name)}, each traced on fake CUDA tensors with every
-    declared op on."""
+def reached_declarations() -> tuple:
+    """(public function -> {declaration key: (module, op name)}, each traced on fake CUDA tensors with every
+    declared op on; op name -> (declaration key, module), for the ops the installed release registers)."""
     os.environ["FP4_DYNAMO_SHIM_FLASHINFER_OPS"] = "all"
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    import fp4_dynamo_shim  # noqa: F401  (its import applies the shim)
+    import fp4_dynamo_shim
     from _fp4_dynamo_shim.declared import declared_layer
     from _fp4_dynamo_shim.verify import checks
     import declared_examples
@@ -76,8 +76,12 @@ def reached_declarations() -> dict:
     import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
 
     declared_layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
-    modules = _modules()
-    key_of = {op.split("::")[1]: key for key, op in _registered().items()}
+    from _fp4_dynamo_shim.declared import scan
+    import flashinfer
+
+    modules = {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
+    registered = fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]  # declaration key -> op
+    key_of = {op.split("::")[1]: key for key, op in registered.items()}
     reached = {}
     for example in declared_examples.EXAMPLES:
         function = example.resolve()
@@ -91,22 +95,7 @@ def reached_declarations() -> dict:
         ops = {str(node.target).split(".")[1] for graph in backend.graphs for node in graph.graph.nodes
                if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)}
         reached[example.name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
-    return reached
-
-
-def _modules() -> dict:
-    """declaration key -> the module it is declared in, as the scan of the installed release finds it."""
-    from _fp4_dynamo_shim.declared import scan
-    import flashinfer
-
-    return {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
-
-
-def _registered() -> dict:
-    """declaration key -> its op, every declared op on (reached_declarations has applied the shim)."""
-    import fp4_dynamo_shim
-
-    return fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]
+    return reached, {op: (key, modules[key]) for op, key in key_of.items()}
 
 
 def _added(earlier: dict, run: dict, failing: set) -> dict:
@@ -178,11 +167,9 @@ def main() -> int:
         raise SystemExit(f"{options.junit}: no {TEST} results and no test naming its function")
     import flashinfer
 
-    reached = reached_declarations()
-    key_of = {op.split("::")[1]: key for key, op in _registered().items()}
-    modules = _modules()
+    reached, declaration_of = reached_declarations()
     for name, ops in recorded.items():
-        reached[name] = {key_of[op]: (modules[key_of[op]], op) for op in sorted(ops)}
+        reached[name] = {declaration_of[op][0]: (declaration_of[op][1], op) for op in sorted(ops)}
     failing = {key for name, keys in reached.items() if outcomes.get(name) is False for key in keys}
     proven = {}
     for name, keys in reached.items():
