@@ -30,11 +30,13 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
-from helpers import apply_with, eager_then_compiled
+from helpers import Compiles, apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
 DECODE = "flashinfer.decode.get_batch_decode_module.run_batch_decode"
 HEADS, KV_HEADS, DIM, PAGE = 4, 2, 64, 4
+#: The batch's sizes FlashInfer's plan() keeps as ints and run() reads: symbols under tracing, each a property.
+SIZES = ("_batch_size", "_max_q_len", "_max_kv_len", "_qo_indptr_last")
 
 
 def _checked(plan_info, calls) -> list:
@@ -66,8 +68,9 @@ def _pages(cache, indices, indptr, last, b):
 
 
 class StandInModule:
-    """Stands in for a built batch attention JIT module (module docstring): ``plan`` returns [batch, rows, ...];
-    each run checks that q holds the planned rows, attends, and writes both workspaces."""
+    """Stands in for a built batch attention JIT module (module docstring): ``plan`` returns [batch, rows, ...]
+    (prefill: then the KV total); each run checks that q holds the planned rows, attends, and writes both
+    workspaces."""
 
     def __init__(self, calls: list):
         self.calls = calls
@@ -75,7 +78,7 @@ class StandInModule:
     def plan(self, float_workspace, int_workspace, pinned, indptr_host, *rest):
         if isinstance(rest[0], int):  # batch decode: (indptr, batch_size, ...)
             return [rest[0], int(indptr_host[-1]), 3, 0, 1]
-        return [int(rest[3]), int(rest[2]), 5, 0]  # prefill: (qo_indptr, kv_indptr, kv_lens, rows, batch, ...)
+        return [int(rest[3]), int(rest[2]), 5, int(rest[0][-1])]  # prefill: (qo, kv_indptr, kv_lens, rows, batch, ...)
 
     def _workspaces(self, plan, float_workspace, int_workspace):
         int_workspace[:8].fill_(plan[0])
@@ -142,10 +145,14 @@ def _wrapper(kind: str = "decode", use_cuda_graph: bool = False, batch: int = 4,
     """FlashInfer's wrapper on CPU (its pinned host buffer an ordinary one: module docstring)."""
     empty = torch.empty
     buffers = {}
-    if use_cuda_graph:
-        buffers = {"paged_kv_indptr_buffer": torch.zeros(batch + 1, dtype=torch.int32),
-                   "paged_kv_indices_buffer": torch.zeros(max_pages, dtype=torch.int32),
-                   "paged_kv_last_page_len_buffer": torch.zeros(batch, dtype=torch.int32)}
+    if use_cuda_graph:  # the buffers plan() rewrites: FlashInfer's names, per wrapper
+        indptr, indices, last = (torch.zeros(n, dtype=torch.int32) for n in (batch + 1, max_pages, batch))
+        buffers = {"decode": dict(paged_kv_indptr_buffer=indptr, paged_kv_indices_buffer=indices,
+                                  paged_kv_last_page_len_buffer=last),
+                   "prefill_paged": dict(qo_indptr_buf=indptr.clone(), paged_kv_indptr_buf=indptr,
+                                         paged_kv_indices_buf=indices, paged_kv_last_page_len_buf=last),
+                   "prefill_ragged": dict(qo_indptr_buf=indptr.clone(), kv_indptr_buf=indptr)
+                   }[kind if kind in ("prefill_paged", "prefill_ragged") else "decode"]
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
         return CASES[kind].wrapper(torch.zeros(1 << 16, dtype=torch.uint8), "NHD", use_cuda_graph=use_cuda_graph,
@@ -215,7 +222,8 @@ def test_wrapper_run_traces_to_its_op_with_no_graph_break(attention, kind):
                if node.op == "call_function" and declared_layer.NAMESPACE in str(node.target)]
     assert targets == [f"{declared_layer.NAMESPACE}.{_op_name(attention, kind)}.default"]
     owner = CASES[kind].wrapper
-    assert f"{owner.__module__}.{owner.__name__}._plan_info" in attention["status"]["helpers"]
+    assert {f"{owner.__module__}.{owner.__name__}.{name}" for name in ("_plan_info", *SIZES)} <= set(
+        attention["status"]["helpers"])
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
@@ -244,50 +252,79 @@ def test_compiled_run_equals_eager_bit_for_bit_with_its_in_place_writes(attentio
     eager_then_compiled(call, backend, prepare, record)
 
 
-def _steps(kind, wrapper, compiled, cache, batches, rng):
-    """Plan eagerly, run compiled and eagerly, for each batch (pages per request); every step equal."""
+def _steps(kind, wrapper, compiled, cache, batches, rows):
+    """Plan eagerly, run compiled and eagerly, for each batch (pages per request; ``rows(pages)``: each request's
+    query rows); every step equal."""
     for step, pages in enumerate(batches):
-        rows = _plan(wrapper, pages, last_page_len=1 + step % PAGE, rows=[rng.randint(2, 5) for _ in pages])
-        q = _query(rows, seed=step)
+        q = _query(_plan(wrapper, pages, last_page_len=1 + step % PAGE, rows=rows(pages)), seed=step)
         out, lse = compiled(q)
         eager_out, eager_lse = CASES[kind].run(wrapper, q, cache, return_lse=True)
         assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
 
 
+def _as_in_a_new_process() -> None:
+    """FlashInfer's per-process buffer cache (``flashinfer.utils._cache_buf``, its ALiBi slopes among them) empty,
+    as a new process has it: the first run of a process fills it, and no public call empties it."""
+    flashinfer.utils._cache_buf.clear()
+
+
+def _changing_batches(seed: int, batch=None):
+    """Twenty batches of 2 to 9 requests of 2 to 6 pages (or ``batch`` requests of 1 to 12 pages): composition and
+    lengths change every step. Sizes stay >= 2 where they change, as Dynamo specialises 0 and 1."""
+    rng = random.Random(seed)
+    if batch:
+        return [[rng.randint(1, 12) for _ in range(batch)] for _ in range(20)], rng
+    return [[rng.randint(2, 6) for _ in range(rng.randint(2, 9))] for _ in range(20)], rng
+
+
 @pytest.mark.parametrize("kind", CASES)
-def test_twenty_steps_with_changing_batches_recompile_only_while_dynamic_shapes_settle(attention, kind):
-    """Batch composition and sequence lengths change every step. The plan vector is an argument: no recompile
-    for its values. One recompile is Dynamo's automatic dynamic shapes taking the batch dimension (q and the index
-    buffers plan() reallocates; sizes stay >= 2 here, as Dynamo specialises 0 and 1). The paged prefill run also
-    passes plan state FlashInfer keeps as Python ints (``_max_q_len``, ``_max_kv_len``, ``_batch_size``: arguments
-    of trtllm-gen's kernel, which fa2 ignores): each is a guard until its first change makes it dynamic, one more
-    recompile here."""
+def test_twenty_steps_with_changing_batches_never_recompile_under_dynamic_shapes(attention, kind):
+    """plan() leaves the plan vector as a tensor and the batch's sizes (``_max_q_len``, ``_max_kv_len``,
+    ``_batch_size``, ``_qo_indptr_last``) as symbols, and fills FlashInfer's ALiBi cache that the first run would
+    fill: with ``dynamic=True`` nothing a step changes is a guard. No eager warm-up run first."""
     wrapper, cache = _wrapper(kind), _cache()
-    rng = random.Random(0)
-    batches = [[rng.randint(2, 4) for _ in range(rng.randint(2, 9))] for _ in range(20)]
-    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    batches, rng = _changing_batches(0)
+    _as_in_a_new_process()
     torch._dynamo.reset()
     compiled = torch.compile(lambda q: CASES[kind].run(wrapper, q, cache, return_lse=True), fullgraph=True,
-                             backend=counter)
-    _steps(kind, wrapper, compiled, cache, batches, rng)
-    assert counter.frame_count <= (3 if kind == "prefill_paged" else 2)
+                             backend="inductor", dynamic=True)
+    with Compiles() as compiles:
+        _steps(kind, wrapper, compiled, cache, batches, lambda pages: [rng.randint(2, 5) for _ in pages])
+    assert compiles.count == 1, compiles.recompiled_for
 
 
-def test_twenty_cuda_graph_decode_steps_with_changing_lengths_compile_once(attention):
-    """A ``use_cuda_graph=True`` decode wrapper keeps its buffers; plan() rewrites them and the plan vector: 0
-    recompilations while the requests' lengths change."""
-    wrapper, cache = _wrapper(use_cuda_graph=True, batch=4), _cache()
-    rng = random.Random(1)
-    batches = [[rng.randint(1, 12) for _ in range(4)] for _ in range(20)]
-    # A process's first run() fills FlashInfer's alibi-slopes buffer cache (flashinfer.utils._cache_buf), which a
-    # compiled run guards on: run once eagerly first, as a server's warm-up does, so that fill is not counted.
-    wrapper.run(_query(_plan(wrapper, batches[0])), cache, return_lse=True)
-    attention["calls"].clear()
-    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+@pytest.mark.parametrize("kind", CASES)
+def test_under_automatic_dynamic_shapes_the_one_recompile_is_the_first_new_batch_size(attention, kind):
+    """With torch.compile's default (``dynamic=None``) Dynamo compiles q's rows and the index buffers plan()
+    allocates as constants, then once more as symbols when they first change, as for any function; nothing else
+    the plan holds is a guard."""
+    wrapper, cache = _wrapper(kind), _cache()
+    batches, rng = _changing_batches(0)
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=counter)
-    _steps("decode", wrapper, compiled, cache, batches, rng)
-    assert counter.frame_count == 1
+    compiled = torch.compile(lambda q: CASES[kind].run(wrapper, q, cache, return_lse=True), fullgraph=True,
+                             backend="aot_eager")
+    with Compiles() as compiles:
+        _steps(kind, wrapper, compiled, cache, batches, lambda pages: [rng.randint(2, 5) for _ in pages])
+    assert compiles.count == 2, compiles.recompiled_for
+    assert "size mismatch at index 0" in compiles.recompiled_for[0], compiles.recompiled_for
+
+
+@pytest.mark.parametrize("dynamic", [False, None, True])
+@pytest.mark.parametrize("kind", CASES)
+def test_twenty_cuda_graph_steps_with_changing_lengths_never_recompile(attention, kind, dynamic):
+    """A ``use_cuda_graph=True`` wrapper keeps its batch and buffers; plan() rewrites them, the plan vector and the
+    lengths. 0 recompilations under every ``dynamic=`` setting, ``False`` included (SGLang's), with no eager
+    warm-up run first."""
+    wrapper, cache = _wrapper(kind, use_cuda_graph=True, batch=4), _cache()
+    batches, _ = _changing_batches(1, batch=4)
+    attention["calls"].clear()
+    _as_in_a_new_process()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: CASES[kind].run(wrapper, q, cache, return_lse=True), fullgraph=True,
+                             backend="aot_eager", dynamic=dynamic)
+    with Compiles() as compiles:
+        _steps(kind, wrapper, compiled, cache, batches, lambda pages: [3] * len(pages))
+    assert compiles.count == 1, compiles.recompiled_for
     assert len({tuple(plan) for _, plan in attention["calls"]}) > 10  # the plans did change
 
 
@@ -337,7 +374,7 @@ def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the
     _plan(wrapper, [2, 2])
     fp4_dynamo_shim.revert()
     try:
-        assert not any("_plan_info" in vars(case.wrapper) for case in CASES.values())
+        assert not any(name in vars(case.wrapper) for case in CASES.values() for name in ("_plan_info", *SIZES))
         _plan(wrapper, [3, 1])
         assert wrapper._plan_info == [2, 4, 3, 0, 1]  # FlashInfer's own attribute again
         torch._dynamo.reset()

@@ -41,7 +41,8 @@ SGLANG_KEYS = {"flashinfer.norm.layernorm", "flashinfer.norm.rmsnorm_quant",
 SGLANG_MODULES = "flashinfer.fused_moe.fused_routing_dsv3, flashinfer.norm"
 LOG_LINES = [f"flashinfer.jit.core.FlashInferJITLogger.{level}_once (skipped in compiled code)"
              for level in ("debug", "info", "warning")]
-HELPERS = ["flashinfer.utils.get_compute_capability", "flashinfer.sampling._blackwell_softmax_capability", *LOG_LINES]
+HELPERS = ["flashinfer.utils.get_compute_capability", "flashinfer.sampling._blackwell_softmax_capability",
+           "flashinfer.utils._get_cache_alibi_slopes_buf", *LOG_LINES]
 LOGGER = "fp4_dynamo_shim.declared.declared_layer"
 WARNED = "fp4_dynamo_shim"  # the one warn-once logs under the package's logger
 
@@ -212,7 +213,8 @@ def test_a_release_without_one_helper_polyfills_the_other(monkeypatch):
     """``_blackwell_softmax_capability`` is 0.7.x's only: an earlier release has no such function."""
     monkeypatch.delattr(flashinfer.sampling, "_blackwell_softmax_capability")
     layer = _reapply(monkeypatch, "sglang")
-    assert layer["helpers"] == ["flashinfer.utils.get_compute_capability", *LOG_LINES] and layer["failed"] == []
+    assert layer["helpers"] == ["flashinfer.utils.get_compute_capability", "flashinfer.utils._get_cache_alibi_slopes_buf",
+                                *LOG_LINES] and layer["failed"] == []
 
 
 def test_a_helper_flashinfer_did_not_cache_is_polyfilled_itself(monkeypatch):

@@ -25,7 +25,7 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
-from helpers import apply_with, eager_then_compiled
+from helpers import Compiles, apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
 KEY = "flashinfer.decode.get_trtllm_gen_decode_module.paged_run"
@@ -156,26 +156,29 @@ def test_compiled_trtllm_gen_run_equals_eager_bit_for_bit_with_its_in_place_writ
     eager_then_compiled(call, backend, prepare, record)
 
 
-def test_twenty_trtllm_gen_steps_with_changing_batches_recompile_only_while_dynamic_shapes_settle(trtllm_gen):
-    """Batch composition and lengths change every step. The plan is None, so no plan value is a guard; what
-    remains is Dynamo's automatic dynamic shapes, each a guard until its first change: q's batch size (with
-    ``_max_kv_len``, a Python int FlashInfer passes to the kernel), and the block table plan() reallocates as
-    [batch, most pages of a request]: its width first changes at a later step, one compile more. (The multi-CTA
-    counter buffer plan() reallocates keeps its size while batch x heads stays under the SM count.)"""
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_twenty_trtllm_gen_steps_with_changing_batches_recompile_only_for_new_shapes(trtllm_gen, dynamic):
+    """Batch composition and lengths change every step. The plan is None and ``_max_kv_len`` (a Python int FlashInfer
+    passes to the kernel) a symbol, so no plan value is a guard. With ``dynamic=True`` nothing recompiles; with the
+    default, Dynamo's automatic dynamic shapes recompile at each shape's first change: q's batch size, then the
+    block table plan() reallocates as [batch, most pages of a request], whose width first changes at a later step.
+    (The multi-CTA counter buffer plan() reallocates keeps its size while batch x heads stays under the SM count.)"""
     wrapper, cache = _wrapper(), _cache()
     rng = random.Random(0)
     batches = [[rng.randint(2, 6) for _ in range(rng.randint(2, 9))] for _ in range(20)]
-    wrapper.run(_query(_plan(wrapper, batches[0])), cache)  # a server's warm-up: FlashInfer's buffer cache filled
-    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    flashinfer.utils._cache_buf.clear()  # as a new process has it: the first run of a process fills it
     torch._dynamo.reset()
-    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend=counter)
+    compiled = torch.compile(lambda q: wrapper.run(q, cache, return_lse=True), fullgraph=True, backend="inductor",
+                             dynamic=dynamic)
     trtllm_gen["calls"].clear()
-    for step, pages in enumerate(batches):
-        q = _query(_plan(wrapper, pages, last_page_len=1 + step % PAGE), seed=step)
-        out, lse = compiled(q)
-        eager_out, eager_lse = wrapper.run(q, cache, return_lse=True)
-        assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
-    assert counter.frame_count <= 3
+    with Compiles() as compiles:
+        for step, pages in enumerate(batches):
+            q = _query(_plan(wrapper, pages, last_page_len=1 + step % PAGE), seed=step)
+            out, lse = compiled(q)
+            eager_out, eager_lse = wrapper.run(q, cache, return_lse=True)
+            assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
+    assert compiles.count == (1 if dynamic else 3), compiles.recompiled_for
+    assert all("size mismatch" in reason for reason in compiles.recompiled_for), compiles.recompiled_for
     assert len({length for _, length in trtllm_gen["calls"]}) > 5  # the lengths did change
 
 

@@ -104,3 +104,24 @@ def eager_then_compiled(call, backend: str, prepare, record) -> None:
     for eager, compiled in zip(*results):
         assert (compiled.shape, compiled.stride(), compiled.dtype) == (eager.shape, eager.stride(), eager.dtype)
         assert torch.equal(compiled, eager)
+
+
+class Compiles:
+    """``with Compiles() as compiles:``: how many graphs Dynamo compiled in the block (``compiles.count``; a compile
+    counts once however often Dynamo restarts its analysis, where a compile counter counts each restart) and the
+    guard failures that made it recompile (``compiles.recompiled_for``; Dynamo lists one per cache entry it
+    tried). ``torch._dynamo.utils`` holds Dynamo's only record of either."""
+
+    def __enter__(self):
+        import torch._dynamo.utils
+
+        self._utils = torch._dynamo.utils
+        self._before = self._utils.counters["stats"]["unique_graphs"]
+        self._failures = sum(len(reasons) for reasons in self._utils.guard_failures.values())
+        self.count, self.recompiled_for = 0, []
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.count = self._utils.counters["stats"]["unique_graphs"] - self._before
+        reasons = [str(reason) for reasons in self._utils.guard_failures.values() for reason in reasons]
+        self.recompiled_for = reasons[self._failures:]

@@ -23,6 +23,7 @@ wrote becomes a real op, and Dynamo traces that op wherever it meets FlashInfer'
 from __future__ import annotations
 
 import logging
+import operator
 import sys
 import time
 from pathlib import Path
@@ -55,6 +56,7 @@ CAPABILITIES: Dict[int, tuple] = {}
 HELPERS = (
     ("flashinfer.utils", "get_compute_capability", "device"),
     ("flashinfer.sampling", "_blackwell_softmax_capability", "index"),  # 0.7.x: torch.cuda.get_device_capability
+    ("flashinfer.utils", "_get_cache_alibi_slopes_buf", "cached buffer"),
 )
 
 
@@ -88,7 +90,20 @@ def _capability_of_index(device_index):
     return CAPABILITIES[device_index]
 
 
-_TRACED_HELPERS = {"device": _capability_of_device, "index": _capability_of_index}
+def _cached_alibi_slopes(num_qo_heads, device):
+    """FlashInfer's per-process buffer of ALiBi slopes, fetched eagerly while tracing (Dynamo calls a function
+    marked ``assume_constant_result`` and keeps what it returns): traced, the cache lookup would be a guard on the
+    cache's keys, and the first run's fill a recompile. Compiled code holds FlashInfer's buffer itself."""
+    return sys.modules["flashinfer.utils"]._get_cache_alibi_slopes_buf(num_qo_heads, device)
+
+
+def _alibi_slopes(num_qo_heads, device):
+    # Under dynamic shapes q's head count is a symbol; operator.index makes Dynamo specialise it (a model's head
+    # count does not change), which int() does not.
+    return _cached_alibi_slopes(operator.index(num_qo_heads), device)
+
+
+_TRACED_HELPERS = {"device": _capability_of_device, "index": _capability_of_index, "cached buffer": _alibi_slopes}
 
 
 #: FlashInfer's log-once methods, called on paths to declared ops (the trtllm MoE's "the single torch.Tensor return
@@ -99,6 +114,7 @@ LOG_ONCE = ("flashinfer.jit.core", "FlashInferJITLogger", ("debug_once", "info_o
 
 def _queue_helpers(layer: Layer) -> None:
     served = [outcome for outcome in layer.outcomes if outcome.op]
+    torch._dynamo.assume_constant_result(_cached_alibi_slopes)
     for module_name, name, takes in HELPERS:
         function = getattr(sys.modules.get(module_name), name, None)
         if function is not None:

@@ -8,14 +8,16 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   cache (the getter's arguments are its key) and each of its run functions gets a polyfill: the caller the getter's
   polyfill returns for those arguments, which calls the op built from the attention table (``build.getter``). One
   op per run function for every module; its getter arguments are constants of the graph, as for single decode.
-* **The plan.** A list of ints read from the wrapper would be a guard per value: every new batch would recompile.
-  The wrapper classes get a ``_plan_info`` property: its setter keeps FlashInfer's value where FlashInfer's code
-  reads it, plus a CPU int64 tensor of the same values; under tracing the getter returns the tensor, which reaches
-  the op (``rules.PLAN_TENSOR``) and becomes a list again in the kernel. Dynamo guards its shape only: a
-  plan of another length recompiles (once, then automatic dynamic shapes take it), new values do not.
+* **The plan.** Python values read from the wrapper are guards on their values: every new batch would recompile.
+  The wrapper classes get a property for ``_plan_info`` and each of :data:`LENGTHS`: its setter keeps FlashInfer's value
+  where FlashInfer's code reads it, plus the value as compiled code takes it; under tracing the getter returns
+  the latter. The plan's int list becomes a CPU int64 tensor, which reaches the op (``rules.PLAN_TENSOR``) and
+  becomes a list again in the kernel: Dynamo guards its shape only, so a plan of another length recompiles (once,
+  then automatic dynamic shapes take it) and new values do not. The batch's sizes become ``DynamicInt``: symbols,
+  not constants, under every ``dynamic=`` setting.
 
-Eager ``run()`` is FlashInfer's function; it reads ``_plan_info`` through the property (one Python call), and
-``plan()`` pays one small tensor. ``revert()`` removes the properties and the polyfills (instances keep their
+Eager ``run()`` is FlashInfer's function; it reads these attributes through the properties (one Python call each),
+and ``plan()`` pays one small tensor. ``revert()`` removes the properties and the polyfills (instances keep their
 values); a plan stored under an earlier application is not used: compiling asks for ``plan()`` again.
 """
 
@@ -34,18 +36,25 @@ from . import rules
 from .. import switches
 from ..errors import NotExpressibleError
 
+#: What plan() leaves that run() reads and compiled code must not take as a constant, and how it crosses: the
+#: plan's int list as a tensor; the batch's sizes (handed to the kernel, or compared with q's rows) as symbols.
 PLAN = "_plan_info"
+LENGTHS = ("_batch_size", "_max_q_len", "_max_kv_len", "_qo_indptr_last")
+try:
+    from torch.fx.experimental.sym_node import DynamicInt
+except ImportError:  # torch before 2.10 cannot mark an int dynamic: the sizes stay guards
+    DynamicInt = None
 _applications = itertools.count()
 
 
 @dataclasses.dataclass
 class _Application:
-    """What the properties of one application read: its layer, the instance attribute its plan tensor goes by
-    (new per application: a tensor left by an earlier one is never read), and the modules already polyfilled
-    (kept alive, so that an id is never reused)."""
+    """What the properties of one application read: its layer, the prefix of the instance attributes its carried
+    values go by (new per application: a value left by an earlier one is never read), and the modules already
+    polyfilled (kept alive, so that an id is never reused)."""
 
     layer: object
-    carried: str = dataclasses.field(default_factory=lambda: f"_fp4_dynamo_shim_plan_{next(_applications)}")
+    carried: str = dataclasses.field(default_factory=lambda: f"_fp4_dynamo_shim_{next(_applications)}")
     twins: Dict[int, object] = dataclasses.field(default_factory=dict)
 
 
@@ -65,7 +74,7 @@ def _cached_arguments(getter, module) -> Optional[tuple]:
     return None
 
 
-def _carried(value):
+def _plan_tensor(value):
     """The plan as the op takes it: a CPU int64 tensor of an int list; anything else (None, a backend's plan of
     tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly."""
     try:
@@ -73,6 +82,11 @@ def _carried(value):
     except TypeError:
         return value
     return torch.tensor(values, dtype=torch.int64) if all(type(v) is int for v in values) else value
+
+
+def _symbol(value):
+    """A size as compiled code takes it: an int as a DynamicInt (a symbol, not a constant); anything else as it is."""
+    return DynamicInt(value) if type(value) is int else value
 
 
 def _twin(application: _Application, module) -> None:
@@ -95,28 +109,38 @@ def _twin(application: _Application, module) -> None:
         return
 
 
-def _get(wrapper):
-    """Eagerly: FlashInfer's value, where FlashInfer's plan() left it."""
-    try:
-        return wrapper.__dict__[PLAN]
-    except KeyError:
-        raise AttributeError(f"{type(wrapper).__name__!r} object has no attribute {PLAN!r}") from None
+def _property(name: str, carry, after_store=None):
+    """The property for wrapper attribute ``name``, and its traced getter: eagerly FlashInfer's value where
+    FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A plan stored
+    before this application is refused (its module has no polyfill); a size stored then is read as it is (a
+    guard, as without the shim)."""
+    def get(wrapper):
+        try:
+            return wrapper.__dict__[name]
+        except KeyError:
+            raise AttributeError(f"{type(wrapper).__name__!r} object has no attribute {name!r}") from None
+
+    def put(wrapper, value) -> None:
+        wrapper.__dict__[name] = value
+        wrapper.__dict__[_current.carried + name] = carry(value)
+        if after_store is not None:
+            after_store(wrapper)
+
+    def traced(wrapper):
+        if not hasattr(wrapper, _current.carried + name):
+            if name != PLAN:
+                return get(wrapper)
+            raise NotExpressibleError(
+                f"fp4_dynamo_shim: this {type(wrapper).__name__} was planned before the shim applied: call plan() "
+                "again before compiling run()")
+        return getattr(wrapper, _current.carried + name)
+
+    return property(get, put), get, traced
 
 
-def _put(wrapper, value) -> None:
-    """FlashInfer's plan() storing its plan: FlashInfer's value, the tensor beside it, the module polyfilled."""
-    wrapper.__dict__[PLAN] = value
-    wrapper.__dict__[_current.carried] = _carried(value)
+def _planned(wrapper) -> None:
+    """FlashInfer's plan() storing its plan: the module it cached gets its polyfills."""
     _twin(_current, wrapper.__dict__.get("_cached_module"))
-
-
-def _traced(wrapper):
-    """Under tracing (the polyfill of ``_get``): the tensor ``_put`` left."""
-    if not hasattr(wrapper, _current.carried):
-        raise NotExpressibleError(
-            f"fp4_dynamo_shim: this {type(wrapper).__name__} was planned before the shim applied: call plan() "
-            "again before compiling run()")
-    return getattr(wrapper, _current.carried)
 
 
 def _wrapped_classes(layer) -> list:
@@ -132,8 +156,8 @@ def _forget() -> None:
 
 
 def install(layer, served) -> None:
-    """Give each wrapper class whose getters' ops are registered the ``_plan_info`` property; its polyfill goes
-    through ``layer.pending`` with the outcomes it ``served``."""
+    """Give each wrapper class whose getters' ops are registered a property per carried attribute (one the class
+    defines itself is left alone); their polyfills go through ``layer.pending`` with the outcomes they ``served``."""
     global _current
     classes = [(module_name, class_name, getattr(sys.modules[module_name], class_name))
                for module_name, class_name in _wrapped_classes(layer)]
@@ -141,8 +165,15 @@ def install(layer, served) -> None:
         return
     _current = _Application(layer)
     layer.undo.push(_forget)
-    for module_name, class_name, cls in classes:
-        setattr(cls, PLAN, property(_get, _put))
-        layer.undo.push(lambda cls=cls: delattr(cls, PLAN))
-        layer.helpers.append(f"{module_name}.{class_name}.{PLAN}")
-    layer.pending.append((_get, _traced, served, "the attention wrappers' plan"))
+    carried = [(PLAN, _plan_tensor, _planned)] + [(name, _symbol, None) for name in LENGTHS if DynamicInt]
+    for name, carry, after_store in carried:
+        prop, get, traced = _property(name, carry, after_store)
+        for module_name, class_name, cls in classes:
+            if name not in vars(cls):
+                setattr(cls, name, prop)
+                layer.undo.push(lambda cls=cls, name=name: delattr(cls, name))
+                layer.helpers.append(f"{module_name}.{class_name}.{name}")
+        layer.pending.append((get, traced, served, f"the attention wrappers' {name}"))
+    if DynamicInt is None:
+        layer.helpers.append(f"the attention wrappers' {', '.join(LENGTHS)} stay guards: torch {torch.__version__} "
+                             "has no DynamicInt (a new batch size recompiles)")
