@@ -15,7 +15,7 @@ workspaces written. Its kernel is FlashInfer's own run, on an object holding wha
 * **How Dynamo reaches it.** ``substitute_in_graph`` is not honoured for a method called as ``wrapper.run(...)``.
   While the layer is applied the class attribute is a thin function that calls FlashInfer's run; Dynamo inlines it
   and meets FlashInfer's function as a plain call, where its polyfill (the traced run) is honoured. Eager calls pay
-  that one frame (``benchmarks/p1_segment_gemm_cpu.py``; P1's ``segment_gemm_run`` on a GPU); ``revert()`` puts
+  that one frame (``benchmarks/p1_wrappers_cpu.py``; P1's ``segment_gemm_run`` on a GPU); ``revert()`` puts
   FlashInfer's attribute back.
 """
 
