@@ -75,27 +75,41 @@ def test_the_record_is_chosen_by_the_version_the_lifecycle_resolved_not_by_flash
     assert layer["proven"] is None if version not in proven.PROVEN else layer["proven"]["flashinfer"] == version
 
 
-def test_verify_says_what_the_gpu_record_holds_for_the_installed_release(monkeypatch):
+def test_verify_says_what_the_gpu_record_holds_and_how_many_ops_stand_on_none(monkeypatch):
+    """Under ``all``, every op neither SGLang's nor in the release's GPU record is listed in ``unproven`` and
+    counted on verify's line; under the narrower gates there are none."""
     from _fp4_dynamo_shim.declared import proven
     from _fp4_dynamo_shim.verify import report
 
     def verify_says(gate):
-        _reapply(monkeypatch, gate)
-        return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status())
+        layer = _reapply(monkeypatch, gate)
+        return verify_text.flashinfer_ops_line(report.environment(), fp4_dynamo_shim.status()), layer
+
+    def unproven_words(layer):
+        return f"; {len(layer['unproven'])} registered without a GPU proof (status()['flashinfer_ops']['unproven'])"
 
     version = lifecycle.flashinfer_version()
     monkeypatch.delitem(proven.PROVEN, version, raising=False)
-    assert verify_says("proven").endswith("; no GPU record for the installed FlashInfer: SGLang's calls only")
-    assert verify_says("all").endswith(" declarations registered; no GPU record for the installed FlashInfer")
-    assert verify_says("sglang").endswith(" declarations registered")
+    line, layer = verify_says("proven")
+    assert line.endswith("; no GPU record for the installed FlashInfer: SGLang's calls only") and not layer["unproven"]
+    sglangs = set(layer["registered"])  # the default gate with no record: SGLang's calls only
+    line, layer = verify_says("all")
+    assert set(layer["unproven"]) == set(layer["registered"]) - sglangs and layer["unproven"]
+    assert line.endswith(" declarations registered; no GPU record for the installed FlashInfer" + unproven_words(layer))
+    line, layer = verify_says("sglang")
+    assert line.endswith(" declarations registered") and not layer["unproven"]
     monkeypatch.setitem(proven.PROVEN, version, {
         "date": "2026-12-02", "machine": "NVIDIA H200", "torch": "2.11.0+cu130", "shim": "abc1234",
         "functions_passed": 1, "functions_run": 1,
         "declarations": {"flashinfer.norm.layernorm": {"module": "flashinfer.norm", "op": "layernorm",
                                                        "functions": ["norm.layernorm"]}}})
-    assert verify_says("proven").endswith(
-        f" declarations registered; GPU record for FlashInfer {version}: 1 declarations through 1 functions "
-        "(2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234)")
+    record = (f" declarations registered; GPU record for FlashInfer {version}: 1 declarations through 1 functions "
+              "(2026-12-02, NVIDIA H200, torch 2.11.0+cu130, shim abc1234)")
+    line, layer = verify_says("proven")
+    assert line.endswith(record) and not layer["unproven"] and "flashinfer.norm.layernorm" in layer["registered"]
+    line, layer = verify_says("all")
+    assert line.endswith(record + unproven_words(layer))
+    assert set(layer["unproven"]) == set(layer["registered"]) - sglangs - {"flashinfer.norm.layernorm"}
 
 
 def test_the_gpu_record_names_only_what_its_release_registers_under_the_ops_they_become():

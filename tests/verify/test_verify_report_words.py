@@ -28,7 +28,7 @@ ENVIRONMENT = {"fp4_dynamo_shim": "9.9", "python": "3.11.7", "torch": "2.13.0+cp
                "flashinfer": {"version": "0.6.12", "tested": True, "matched_row": "0.6.12", "parts": None},
                "supported_flashinfer": ">=0.6.1,<0.8",
                "sglang": {"need": "SGLang 0.5.11: needs the shim", "note": "a note"}, "jit_cache": "/cache"}
-LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "declared": 40},
+LAYER = {"gate": "proven", "state": "registered", "counts": {"registered": 26, "declared": 40}, "unproven": [],
          "proven": {"flashinfer": "0.6.12", "declarations": 26, "functions": ["a", "b", "c"],
                     "date": "2026-12-02", "machine": "H200", "torch": "2.11", "shim": "abc1234",
                     "functions_passed": 3, "functions_run": 4}}
@@ -135,6 +135,8 @@ def test_the_gpu_record_line_per_gate_and_state():
     assert _flashinfer_ops_line({**LAYER, "gate": "all", "proven": None}).endswith(
         f"{registered}; no GPU record for the installed FlashInfer")
     assert f"{registered}; GPU record for FlashInfer 0.6.12" in _flashinfer_ops_line({**LAYER, "gate": "all"})
+    assert _flashinfer_ops_line({**LAYER, "gate": "all", "unproven": ["a", "b"]}).endswith(
+        "shim abc1234); 2 registered without a GPU proof (status()['flashinfer_ops']['unproven'])")
 
 
 def test_the_json_document_counts_each_kind_of_result():

@@ -299,6 +299,8 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
         "gate": layer.gate, "scanned": layer.scanned, "registered": registered, "not_registered": not_registered,
         "fakes_not_flashinfers_own": fakes,
         "failed": sorted(o.key for o in layer.outcomes if o.failed), "helpers": list(layer.helpers),
+        # Registered under "all" only: neither SGLang's calls nor in the release's GPU record.
+        "unproven": sorted(o.key for o in layer.outcomes if o.op and o.group == "all"),
         "state": layer.state,
         "counts": _counts(layer.outcomes),
         "by_module": {module: _counts([o for o in layer.outcomes if o.module == module])

@@ -127,15 +127,21 @@ def apply_shim() -> Result:
 
 
 def _proven_line(layer: dict) -> str:
-    """What the GPU record says for the installed release, once the layer has registered."""
+    """What the GPU record says for the installed release, once the layer has registered, and how many ops
+    stand on no GPU run."""
     if layer["state"] != "registered" or layer["gate"] not in ("proven", "all"):
         return ""
     proven = layer["proven"]
     if proven is None:
-        return "; no GPU record for the installed FlashInfer" + (": SGLang's calls only" if layer["gate"] == "proven" else "")
-    return (f"; GPU record for FlashInfer {proven['flashinfer']}: {proven['declarations']} declarations "
-            f"through {len(proven['functions'])} functions ({proven['date']}, {proven['machine']}, "
-            f"torch {proven['torch']}, shim {proven['shim']})")
+        line = "; no GPU record for the installed FlashInfer" + (": SGLang's calls only" if layer["gate"] == "proven"
+                                                                 else "")
+    else:
+        line = (f"; GPU record for FlashInfer {proven['flashinfer']}: {proven['declarations']} declarations "
+                f"through {len(proven['functions'])} functions ({proven['date']}, {proven['machine']}, "
+                f"torch {proven['torch']}, shim {proven['shim']})")
+    unproven = len(layer["unproven"])
+    return line + (f"; {unproven} registered without a GPU proof (status()['flashinfer_ops']['unproven'])"
+                   if unproven else "")
 
 
 def _rebound_lines(rebound: List[str], verbose: bool) -> List[str]:
