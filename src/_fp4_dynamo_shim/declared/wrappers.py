@@ -17,13 +17,15 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   not constants, under every ``dynamic=`` setting.
 
 Eager ``run()`` is FlashInfer's function; it reads these attributes through the properties (one Python call each),
-and ``plan()`` pays one small tensor. ``revert()`` removes the properties and the polyfills (instances keep their
-values); a plan stored under an earlier application is not used: compiling asks for ``plan()`` again.
+and ``plan()`` pays a small tensor per new plan and a ``DynamicInt`` per size. ``revert()`` removes the properties
+and the polyfills (instances keep their values); a plan stored under an earlier application is not used: compiling
+asks for ``plan()`` again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import itertools
 import sys
@@ -74,14 +76,21 @@ def _cached_arguments(getter, module) -> Optional[tuple]:
     return None
 
 
+@functools.lru_cache(maxsize=1024)
+def _tensor_of(values: tuple) -> torch.Tensor:
+    """One CPU int64 tensor per distinct plan, shared: nothing writes it (the kernel reads it back as a list), and a
+    cache hit costs plan() a tenth of making one."""
+    return torch.tensor(values, dtype=torch.int64)
+
+
 def _plan_tensor(value):
     """The plan as the op takes it: a CPU int64 tensor of an int list; anything else (None, a backend's plan of
     tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly."""
     try:
-        values = list(value)
+        values = tuple(value)
     except TypeError:
         return value
-    return torch.tensor(values, dtype=torch.int64) if all(type(v) is int for v in values) else value
+    return _tensor_of(values) if all(type(v) is int for v in values) else value
 
 
 def _symbol(value):
