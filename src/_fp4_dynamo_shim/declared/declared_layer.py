@@ -26,6 +26,7 @@ import logging
 import operator
 import sys
 import time
+import types
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -97,7 +98,16 @@ def _cached_alibi_slopes(num_qo_heads, device):
     return sys.modules["flashinfer.utils"]._get_cache_alibi_slopes_buf(num_qo_heads, device)
 
 
+#: FlashInfer's lookup as a function object of its own (its code, its globals): Dynamo traces it as it traced
+#: FlashInfer's before the polyfill, where the buffer cannot be made while tracing.
+_traced_lookup: Optional[types.FunctionType] = None
+
+
 def _alibi_slopes(num_qo_heads, device):
+    if device.type == "cuda" and not torch.cuda.is_available():
+        # Tracing for a GPU this process has none of (fake tensors, verify's trace checks): no buffer can be
+        # made now, so FlashInfer's lookup is traced, a guard on the cache as without the shim.
+        return _traced_lookup(num_qo_heads, device)
     # Under dynamic shapes q's head count is a symbol; operator.index makes Dynamo specialise it (a model's head
     # count does not change), which int() does not.
     return _cached_alibi_slopes(operator.index(num_qo_heads), device)
@@ -114,13 +124,18 @@ LOG_ONCE = ("flashinfer.jit.core", "FlashInferJITLogger", ("debug_once", "info_o
 
 def _queue_helpers(layer: Layer) -> None:
     served = [outcome for outcome in layer.outcomes if outcome.op]
+    global _traced_lookup
     torch._dynamo.assume_constant_result(_cached_alibi_slopes)
     for module_name, name, takes in HELPERS:
         function = getattr(sys.modules.get(module_name), name, None)
-        if function is not None:
-            layer.pending.append((getattr(function, "__wrapped__", function), _TRACED_HELPERS[takes], served,
-                                  f"{module_name}.{name}"))
-            layer.helpers.append(f"{module_name}.{name}")
+        if function is None:
+            continue
+        original = getattr(function, "__wrapped__", function)
+        if takes == "cached buffer":
+            _traced_lookup = types.FunctionType(original.__code__, original.__globals__, name, original.__defaults__,
+                                                original.__closure__)
+        layer.pending.append((original, _TRACED_HELPERS[takes], served, f"{module_name}.{name}"))
+        layer.helpers.append(f"{module_name}.{name}")
     module_name, class_name, methods = LOG_ONCE
     ignored = torch._dynamo.config.ignore_logging_functions
     for name in methods:
