@@ -125,3 +125,12 @@ class Compiles:
         self.count = self._utils.counters["stats"]["unique_graphs"] - self._before
         reasons = [str(reason) for reasons in self._utils.guard_failures.values() for reason in reasons]
         self.recompiled_for = reasons[self._failures:]
+
+
+def names_a_test(test_id: str, root: Path) -> bool:
+    """Whether a pytest id (``tests/x.py``, ``tests/x.py::test_f[param]``) names a file under ``root`` that has that
+    test function: what a tool's list of tests must still hold after a rename."""
+    path, _, name = test_id.partition("::")
+    function = name.split("[")[0].split("::")[-1]
+    source = root / path
+    return source.exists() and (not function or f"def {function}(" in source.read_text())

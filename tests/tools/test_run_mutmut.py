@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import names_a_test
+
 ROOT = Path(__file__).resolve().parents[2]
 MUTATION = ROOT / "tools" / "mutation"
 
@@ -149,15 +151,8 @@ def test_every_listed_survivor_and_every_sampled_mutant_belongs_to_a_grouped_mod
 def test_every_test_a_mutmut_group_selects_exists():
     """A renamed test leaves its group selecting one that is not there: pytest stops the group's run (and CI's
     sample of it) with "not found"; this says so within the quick command."""
-    missing = []
-    for group in run_mutmut.GROUPS:
-        for test in (argument for argument in group.tests if argument.startswith("tests/")):
-            path, _, name = test.partition("::")
-            function = name.split("[")[0].split("::")[-1]
-            source = ROOT / path
-            if not source.exists() or (function and f"def {function}(" not in source.read_text()):
-                missing.append((group.name, test))
-    assert missing == []
+    assert [(group.name, test) for group in run_mutmut.GROUPS for test in group.tests
+            if test.startswith("tests/") and not names_a_test(test, ROOT)] == []
 
 
 def test_scores_md_has_a_row_for_every_grouped_module():
