@@ -1,7 +1,8 @@
 """P1 for FlashInfer's declared ops: eager per-call cost of a norm, a rope, an activation and a
 sampling function with every declared op turned on, against FlashInfer alone, a dispatcher op and the floor;
-and of the fa2 batch decode wrapper's ``run()`` and ``plan()`` and ``SegmentGEMMWrapper.run`` (sm80), against
-FlashInfer alone (M is the batch, or the number of segments).
+and of the attention functions and wrappers (fa2; the wrappers' ``run()`` and ``plan()``) and
+``SegmentGEMMWrapper.run`` (sm80), against FlashInfer alone (M is the batch, the number of segments, or for the
+single functions the key count over 64).
 
 Columns (microseconds per call, same inputs, same kernel):
 
@@ -113,32 +114,78 @@ def top_k_sampling_from_probs(tokens, hidden):
             "shim_op": lambda: op(*arguments, *padding), "floor": lambda: nested(*arguments, None)}
 
 
-def _decode_wrapper(batch, hidden):
-    """A planned fa2 batch decode wrapper over ``batch`` requests of 4 pages of 16 tokens, its query and cache."""
-    import flashinfer
-
+def _paged_cache(batch, hidden):
+    """Head counts, and ``batch`` requests of 4 pages of 16 tokens: page table and cache."""
     heads, kv_heads, pages = hidden // 128, max(1, hidden // 512), 4 * batch
     i32 = dict(dtype=torch.int32, device="cuda")
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device="cuda"),
-                                                            "NHD", backend="fa2")
-    plan = (torch.arange(0, pages + 1, 4, **i32), torch.arange(pages, **i32), torch.full((batch,), 16, **i32),
-            heads, kv_heads, 128, 16)
-    wrapper.plan(*plan, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
-    q = torch.randn(batch, heads, 128, device="cuda", dtype=torch.bfloat16)
+    table = (torch.arange(0, pages + 1, 4, **i32), torch.arange(pages, **i32), torch.full((batch,), 16, **i32))
     cache = torch.randn(pages, 2, 16, kv_heads, 128, device="cuda", dtype=torch.bfloat16)
-    return wrapper, plan, q, cache
+    return heads, kv_heads, table, cache
 
 
-def batch_decode_run(batch, hidden):
-    """run() of a planned wrapper: what the layer adds eagerly is the plan property's read."""
-    wrapper, _, q, cache = _decode_wrapper(batch, hidden)
-    return {"public": lambda: wrapper.run(q, cache)}
+def _planned(kind, batch, hidden):
+    """A planned wrapper of ``kind`` over ``batch`` requests (prefill: 16 query rows each, causal), its plan()
+    call and its run() call. fa2 throughout: the backend every release offers on every GPU."""
+    import flashinfer
+
+    heads, kv_heads, table, cache = _paged_cache(batch, hidden)
+    workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
+    dtypes = dict(q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)
+    rows = batch if kind.startswith("batch_decode") else 16 * batch
+    q = torch.randn(rows, heads, 128, device="cuda", dtype=torch.bfloat16)
+    qo_indptr = torch.arange(0, rows + 1, 16, dtype=torch.int32, device="cuda")
+    if kind.startswith("batch_decode"):
+        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            workspace, "NHD", use_tensor_cores=kind == "batch_decode_tensor_cores", backend="fa2")
+        arguments = (*table, heads, kv_heads, 128, 16)
+    elif kind == "batch_prefill_paged":
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        arguments = (qo_indptr, *table, heads, kv_heads, 128, 16)
+        dtypes["causal"] = True
+    else:
+        wrapper = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa2")
+        arguments = (qo_indptr, qo_indptr * 4, heads, kv_heads, 128)
+        dtypes["causal"] = True
+        keys, values = (cache[:, i].flatten(0, 1).contiguous() for i in range(2))
+    plan = lambda: wrapper.plan(*arguments, **dtypes)  # noqa: E731
+    plan()
+    if kind == "batch_prefill_ragged":
+        return plan, lambda: wrapper.run(q, keys, values)
+    return plan, lambda: wrapper.run(q, cache)
 
 
-def batch_decode_plan(batch, hidden):
-    """plan(): what the layer adds eagerly is the plan's int list kept as a CPU tensor too."""
-    wrapper, plan, _, _ = _decode_wrapper(batch, hidden)
-    return {"public": lambda: wrapper.plan(*plan, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16)}
+def _wrapper_run(kind):
+    def run(batch, hidden):
+        """run() of a planned wrapper: what the layer adds eagerly is the properties' reads (plan and sizes)."""
+        return {"public": _planned(kind, batch, hidden)[1]}
+    return run
+
+
+def _wrapper_plan(kind):
+    def plan(batch, hidden):
+        """plan(): what the layer adds eagerly is the plan kept as a CPU tensor and the sizes as symbols too."""
+        return {"public": _planned(kind, batch, hidden)[0]}
+    return plan
+
+
+def single_decode(batch, hidden):
+    """single_decode_with_kv_cache over 64 x ``batch`` keys: the layer rebinds nothing eagerly."""
+    import flashinfer
+
+    heads, kv_heads = hidden // 128, max(1, hidden // 512)
+    q = torch.randn(heads, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(64 * batch, kv_heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return {"public": lambda: flashinfer.single_decode_with_kv_cache(q, k, v)}
+
+
+def single_prefill(batch, hidden):
+    """single_prefill_with_kv_cache (fa2, causal), 16 query rows over 64 x ``batch`` keys."""
+    import flashinfer
+
+    heads, kv_heads = hidden // 128, max(1, hidden // 512)
+    q = torch.randn(16, heads, 128, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(64 * batch, kv_heads, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return {"public": lambda: flashinfer.single_prefill_with_kv_cache(q, k, v, causal=True, backend="fa2")}
 
 
 def segment_gemm_run(segments, hidden):
@@ -153,9 +200,12 @@ def segment_gemm_run(segments, hidden):
     return {"public": lambda: wrapper.run(x, weights, segments, True, seg_indptr=indptr)}
 
 
+WRAPPERS = ("batch_decode", "batch_decode_tensor_cores", "batch_prefill_paged", "batch_prefill_ragged")
 FUNCTIONS = {"rmsnorm": rmsnorm, "apply_rope_pos_ids": apply_rope_pos_ids, "silu_and_mul": silu_and_mul,
-             "top_k_sampling_from_probs": top_k_sampling_from_probs, "batch_decode_run": batch_decode_run,
-             "batch_decode_plan": batch_decode_plan, "segment_gemm_run": segment_gemm_run}
+             "top_k_sampling_from_probs": top_k_sampling_from_probs, "segment_gemm_run": segment_gemm_run,
+             "single_decode": single_decode, "single_prefill": single_prefill,
+             **{f"{kind}_run": _wrapper_run(kind) for kind in WRAPPERS},
+             **{f"{kind}_plan": _wrapper_plan(kind) for kind in WRAPPERS}}
 
 
 def measure(configs, hidden, calls, rounds) -> dict:

@@ -46,8 +46,10 @@ def every_op():
 
 
 @pytest.mark.parametrize("example", CASES, ids=IDS)
-def test_single_attention_traces_compiles_bit_exact_replays_and_passes_opcheck(every_op, example):
+def test_single_attention_traces_compiles_bit_exact_replays_and_passes_opcheck(every_op, record_property, example):
     report = declared_checks.check(example)
+    record_property("function", example.name)  # the GPU record (tools/gpu/proven_record.py --add)
+    record_property("declared_ops", ",".join(sorted(op.split(".")[1] for op in report.get("ops", []))))
     assert "error" not in report and report["present"], report
     assert report["traced"] and report["bit_exact"] is True and report["graph"] is True, report
     assert all(value is True for value in report["opcheck"].values()), report
@@ -174,6 +176,13 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
     assert len(names) == 1, names
     opcheck = declared_checks._opcheck(call, (q,))  # the ops a compiled call reaches, with its arguments
     assert opcheck != "no shim op ran" and all(value is True for value in opcheck.values()), opcheck
+    # The caller's own out=, with the cache as one tensor whose K and V are views of it (FlashInfer's own tests).
+    combined = torch.stack(cache, 1)
+    into = ((lambda q, out: wrapper.run(q, combined[:, 0].flatten(0, 1), combined[:, 1].flatten(0, 1), out=out))
+            if kind == "prefill_ragged" else (lambda q, out: wrapper.run(q, combined, out=out)))
+    written = torch.full_like(eager[0], float("nan"))
+    torch.compile(into, fullgraph=True)(q, written)
+    assert torch.equal(written, into(q, torch.empty_like(written)))
     if use_cuda_graph:  # FlashInfer's protocol: capture run() once, plan() again before each replay
         static = q.clone()
         stream = torch.cuda.Stream()
