@@ -8,7 +8,7 @@ without the shim and with the declared-ops gate at each value.
 
 Each case is one engine (``tests/gpu/engine/run_engine.py --torch-compile --decode-tokens 64``) with
 ``TORCH_LOGS=graph_breaks``; all start at once (the breaks are counted while compiling), and each times
-its decode (best of three) alone, once every engine is ready (``--decode-turns``). A break is counted once,
+its decode (the median of five) alone, once every engine is ready (``--decode-turns``). A break is counted once,
 at the place Dynamo names (the innermost user frame), and is FlashInfer's when that place is a file of the
 ``flashinfer`` package. Writes ``breaks.json`` (per case: breaks, FlashInfer's, the count at each place,
 decode tokens/s) and each case's log, rewritten as each case ends, so a run its call's limit stops keeps the
@@ -51,7 +51,7 @@ def summarise(run: dict) -> dict:
     return {"started": bool(run.get("started")), "error": run.get("error"),
             "graph_breaks": sum(places.values()), "flashinfer_breaks": sum(theirs.values()),
             "breaks_at": dict(places.most_common()),
-            "decode_tokens_per_s": run.get("decode_tokens_per_s"),
+            "decode_tokens_per_s": run.get("decode_tokens_per_s"), "decode_runs": run.get("decode_tokens_per_s_runs"),
             "shim_applied": [s.get("shim", {}).get("applied") for s in run["schedulers"]]}
 
 
