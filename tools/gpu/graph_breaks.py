@@ -11,7 +11,8 @@ Each case is one engine (``tests/gpu/engine/run_engine.py --torch-compile --deco
 its decode (the median of five) alone, once every engine is ready (``--decode-turns``). A break is counted once,
 at the place Dynamo names (the innermost user frame), and is FlashInfer's when that place is a file of the
 ``flashinfer`` package. Writes ``breaks.json`` (per case: breaks, FlashInfer's, the count at each place,
-decode tokens/s) and each case's log, rewritten as each case ends, so a run its call's limit stops keeps the
+decode tokens/s, the greedy ids and whether they equal those of the same attention backend without the shim)
+and each case's log, rewritten as each case ends, so a run its call's limit stops keeps the
 cases done. Six engines compiling at once on the H200's 16 cores were not all ready after 250 s; three were
 ready and timed in 186 s (2026-12-03): name at most three cases per call.
 """
@@ -52,6 +53,7 @@ def summarise(run: dict) -> dict:
             "graph_breaks": sum(places.values()), "flashinfer_breaks": sum(theirs.values()),
             "breaks_at": dict(places.most_common()),
             "decode_tokens_per_s": run.get("decode_tokens_per_s"), "decode_runs": run.get("decode_tokens_per_s_runs"),
+            "output_ids": run.get("output_ids"),
             "shim_applied": [s.get("shim", {}).get("applied") for s in run["schedulers"]]}
 
 
@@ -76,6 +78,9 @@ def main(out: Path, architecture: str, names: list) -> int:
         for future in concurrent.futures.as_completed(futures):
             name, run = futures[future], future.result()
             summary[name] = summarise(run)
+            for case_name, case in summary.items():  # greedy ids as the engine of its backend without the shim
+                baseline = summary.get("no-shim-" + case_name.rpartition("-")[2])
+                case["same_ids_as_no_shim"] = None if baseline is None else case["output_ids"] == baseline["output_ids"]
             (out / f"{name}.log").write_text(run["log_text"][-300000:])
             (out / "breaks.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
