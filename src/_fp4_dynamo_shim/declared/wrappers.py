@@ -118,11 +118,11 @@ def _twin(application: _Application, module) -> None:
         return
 
 
-def _property(name: str, carry, after_store=None):
+def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
     """The property for wrapper attribute ``name``, and its traced getter: eagerly FlashInfer's value where
-    FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A plan stored
-    before this application is refused (its module has no polyfill); a size stored then is read as it is (a
-    guard, as without the shim)."""
+    FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A value stored
+    before this application is read as it is (a guard, as without the shim), or with ``refuse_stale`` refused:
+    a plan stored then has a module without polyfills."""
     def get(wrapper):
         try:
             return wrapper.__dict__[name]
@@ -137,7 +137,7 @@ def _property(name: str, carry, after_store=None):
 
     def traced(wrapper):
         if not hasattr(wrapper, _current.carried + name):
-            if name != PLAN:
+            if not refuse_stale:
                 return get(wrapper)
             raise NotExpressibleError(
                 f"fp4_dynamo_shim: this {type(wrapper).__name__} was planned before the shim applied: call plan() "
@@ -174,9 +174,10 @@ def install(layer, served) -> None:
         return
     _current = _Application(layer)
     layer.undo.push(_forget)
-    carried = [(PLAN, _plan_tensor, _planned)] + [(name, _symbol, None) for name in LENGTHS if DynamicInt]
-    for name, carry, after_store in carried:
-        prop, get, traced = _property(name, carry, after_store)
+    carried = [(PLAN, _plan_tensor, _planned, True)] + [(name, _symbol, None, False) for name in LENGTHS
+                                                         if DynamicInt]
+    for name, carry, after_store, refuse_stale in carried:
+        prop, get, traced = _property(name, carry, after_store, refuse_stale)
         for module_name, class_name, cls in classes:
             if name not in vars(cls):
                 setattr(cls, name, prop)
