@@ -6,7 +6,8 @@ is followed to the getter that built the module (called there, or assigned to ``
 method of the wrapper, ``plan`` among them). Recorded: the getter's parameters (those of the ``gen_*``/``get_*_uri``
 function it forwards ``*args`` to); the run function's, in order, ``name:kind`` (r: a tensor read, w: a tensor
 written in place, l: an int list, s: a scalar), from the def FlashInfer declared in the getter or, for a getter
-that returns the built module, the C++ function's. A tensor is written when FlashInfer's ``mutates_args`` names
+that returns the built module, the C++ function's, whose types say more: ``?`` after r or w for an optional
+tensor, and each scalar by its type (i: an integer, f: a floating-point number, b: a bool; s: another). A tensor is written when FlashInfer's ``mutates_args`` names
 it or a backend's C++ function writes it (hands it to the kernel as ``params.o``/``lse``, or it is a workspace
 buffer: ``*workspace*``, ``tmp``). Per backend (fa2; fa3: the ``_sm90`` binding), the C++ function exported.
 
@@ -29,6 +30,8 @@ ENTRIES = {
     "mla_paged": (("mla/_core", "mla"), "BatchMLAPagedAttentionWrapper.run"),
 }
 RUNS = ("run", "paged_run", "ragged_run")
+#: A C++ run's scalar parameters by type: what an op's schema needs where no Python def declares the run.
+CPP_SCALARS = {"int64_t": "i", "int": "i", "double": "f", "float": "f", "bool": "b"}
 OUTPUT_FIELD = re.compile(r"^\s*params\.(?:final_)?(?:o|lse)(?:_ptr)?\s*=")
 
 
@@ -76,8 +79,13 @@ def _cpp_parameters(arguments: str, body: str) -> str:
                for name in re.findall(r"\b(\w+)\s*(?:\.value\(\))?\s*\.data_ptr", statement)}
     declared = [d.strip().rsplit(" ", 1) for d in re.sub(r"\s+", " ", arguments.replace(
         "ADDITIONAL_FUNC_PARAMS", "")).split(",")]
-    return " ".join(f"{name}:" + (("w" if name in written or "workspace" in name or name == "tmp" else "r") if
-                                  "TensorView" in kind else "l" if "Array" in kind else "s") for kind, name in declared)
+    def kind_of(cpp_type: str, name: str) -> str:
+        if "TensorView" in cpp_type:
+            written_here = name in written or "workspace" in name or name == "tmp"
+            return ("w" if written_here else "r") + ("?" if "Optional" in cpp_type else "")
+        return "l" if "Array" in cpp_type else CPP_SCALARS.get(cpp_type.removeprefix("const "), "s")
+
+    return " ".join(f"{name}:{kind_of(kind, name)}" for kind, name in declared)
 
 
 def _getters(function: ast.FunctionDef, methods: list) -> list:
@@ -127,8 +135,8 @@ def _row(package: Package, getter: str, entry: str):
         return {**row, "parameters": cpp["fa2"][1]}
     mutates = [ast.literal_eval(k.value) for d in run.decorator_list for k in getattr(d, "keywords", ())
                if k.arg == "mutates_args"]
-    written = set(mutates[0] if mutates else ()) | {p[:-2] for _, params in cpp.values()
-                                                     for p in params.split() if p.endswith(":w")}
+    written = set(mutates[0] if mutates else ()) | {name for _, params in cpp.values() for name, kind in
+                                                     (p.split(":") for p in params.split()) if kind.startswith("w")}
     kinds = []
     for argument in run.args.posonlyargs + run.args.args + run.args.kwonlyargs:
         text = ast.unparse(argument.annotation) if argument.annotation is not None else ""

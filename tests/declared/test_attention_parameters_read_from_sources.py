@@ -71,3 +71,15 @@ def test_a_wrapper_reaches_every_getter_its_plan_may_cache(installed):
     plan_info = [p for row in installed[1] if row["getter"] == "get_batch_decode_module"
                  for p in row["parameters"].split() if p.startswith("plan_info_vec")]
     assert plan_info == ["plan_info_vec:l"]
+
+
+def test_a_run_read_from_cpp_types_its_scalars_and_marks_its_optional_tensors(installed):
+    """Where the getter returns the built module (the MLA paged wrapper's, 0.5.3 to 0.6.x), no Python def declares
+    the run: its C++ function's types are all an op's schema can be built from."""
+    rows = [row for row in installed[1] if row["run"] is None]
+    if not rows:
+        pytest.skip(f"flashinfer {installed[0]} has no attention getter returning its built module")
+    parameters = dict(p.split(":") for p in rows[0]["parameters"].split())
+    assert (parameters["maybe_lse"], parameters["o"], parameters["q_nope"]) == ("w?", "w", "r")
+    assert (parameters["num_heads"], parameters["sm_scale"], parameters["return_lse_base_on_e"]) == ("i", "f", "b")
+    assert parameters["plan_info_vec"] == "l"

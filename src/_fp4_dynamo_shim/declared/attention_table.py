@@ -92,8 +92,8 @@ ROWS = {
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w mask_mode_code:s num_heads:s page_size:s sm_scale:s '
-            'return_lse_base_on_e:s')),
+            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'return_lse_base_on_e:b')),
     'batch_prefill.ragged_run/2': dict(getter='get_batch_prefill_module', entry='ragged_run', run='ragged_run',
         entry_points=('batch_prefill_ragged',),
         backends={'fa2': 'BatchPrefillWithRaggedKVCacheRun', 'fa3': 'BatchPrefillWithRaggedKVCacheSM90Run'},
@@ -216,8 +216,8 @@ ROWS = {
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w mask_mode_code:s num_heads:s page_size:s sm_scale:s '
-            'return_lse_base_on_e:s ckv_scale:s kpe_scale:s')),
+            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'return_lse_base_on_e:b ckv_scale:f kpe_scale:f')),
     'batch_prefill.paged_run/4': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
@@ -266,8 +266,8 @@ ROWS = {
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w mask_mode_code:s num_heads:s page_size:s sm_scale:s '
-            'return_lse_base_on_e:s ckv_scale:s kpe_scale:s maybe_ckv_scale_arr:r')),
+            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'return_lse_base_on_e:b ckv_scale:f kpe_scale:f maybe_ckv_scale_arr:r?')),
     'single_prefill.run/3': dict(getter='get_single_prefill_module', entry='run', run='run_single_prefill',
         entry_points=('single_decode', 'single_prefill'),
         backends={'fa2': 'single_prefill_with_kv_cache', 'fa3': 'single_prefill_with_kv_cache_sm90'},

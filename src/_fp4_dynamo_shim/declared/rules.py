@@ -216,10 +216,15 @@ def attention_getter_signature(release: Optional[str], module, getter: str, run:
     return inspect.signature(local[getter], eval_str=True)
 
 
+def _kinds(row: dict) -> list:
+    """(name, kind) of each of a row's run parameters; kind without its optional mark (``?``)."""
+    return [(name, kind.rstrip("?")) for name, kind in (p.split(":") for p in row["parameters"].split())]
+
+
 def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
     """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
     row = _attention_row(release, getter, run)
-    return () if row is None else tuple(p[:-2] for p in row["parameters"].split() if p.endswith(":w"))
+    return () if row is None else tuple(name for name, kind in _kinds(row) if kind == "w")
 
 
 def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, adapters.Adapter]:
@@ -229,9 +234,8 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
     row = _attention_row(release, getter, run)
     if row is None:
         return {}
-    names = [p[:-2] for p in row["parameters"].split()]
-    return {**{name: KV_CACHE for name in names if name == "paged_kv_cache"},
-            **{p[:-2]: PLAN_TENSOR for p in row["parameters"].split() if p.endswith(":l")}}
+    return {**{name: KV_CACHE for name, _ in _kinds(row) if name == "paged_kv_cache"},
+            **{name: PLAN_TENSOR for name, kind in _kinds(row) if kind == "l"}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
