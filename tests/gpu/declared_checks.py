@@ -156,7 +156,9 @@ def _opcheck(call, args, unordered=False):
     graphs = []
 
     def keep(graph_module, example_inputs):
-        graphs.append((graph_module, [t.clone() if isinstance(t, torch.Tensor) else t for t in example_inputs]))
+        # A size compiled code takes as a symbol (the wrappers' DynamicInt) is a SymInt here: its value is the hint.
+        graphs.append((graph_module, [t.clone() if isinstance(t, torch.Tensor) else
+                                      t.node.hint if isinstance(t, torch.SymInt) else t for t in example_inputs]))
         return graph_module.forward
 
     torch._dynamo.reset()
