@@ -144,7 +144,25 @@ def _row(package: Package, getter: str, entry: str):
             "list[int]") else "s"
         kinds.append(f"{argument.arg}:{kind}")
     return {**row, "run": run.name, "mutates": " ".join(mutates[0]) if mutates else "",
-            "parameters": " ".join(kinds + (["*args"] if run.args.vararg else []))}
+            "parameters": " ".join(kinds + (["*args"] if run.args.vararg else [])),
+            "trtllm_gen_only": " ".join(n for n in _read_only_under_trtllm_gen(run) if n not in written)}
+
+
+def _read_only_under_trtllm_gen(run: ast.FunctionDef) -> list:
+    """The run's parameters that default to None and that only its ``if backend == "trtllm-gen":`` branch reads:
+    under another backend FlashInfer never reads what a caller passes there (the row leaves out those it writes:
+    an op declares those whatever the backend)."""
+    branches = [n for n in ast.walk(run) if isinstance(n, ast.If) and ast.unparse(n.test) in (
+        "backend == 'trtllm-gen'", "'trtllm-gen' == backend")]
+    inside = {n.id for branch in branches for statement in branch.body for n in ast.walk(statement)
+              if isinstance(n, ast.Name)}
+    inside_ids = {id(n) for branch in branches for statement in branch.body for n in ast.walk(statement)}
+    outside = {n.id for statement in run.body for n in ast.walk(statement)
+               if isinstance(n, ast.Name) and id(n) not in inside_ids}
+    arguments = run.args.posonlyargs + run.args.args
+    defaults = dict(zip([a.arg for a in arguments][len(arguments) - len(run.args.defaults):], run.args.defaults))
+    return [a.arg for a in arguments if a.arg in inside and a.arg not in outside
+            and isinstance(defaults.get(a.arg), ast.Constant) and defaults[a.arg].value is None]
 
 
 def read(root: Path) -> tuple:
@@ -188,7 +206,11 @@ def render(releases: dict) -> str:
         lines += [f"        entry_points={row['entry_points']!r},", f"        backends={row['backends']!r},",
                   f"        mutates={mutates},",
                   "        getter_parameters=(", _wrapped(row["getter_parameters"]) + "),",
-                  "        parameters=(", _wrapped(row["parameters"]) + ")),"]
+                  "        parameters=(", _wrapped(row["parameters"]) + (")," if "trtllm_gen_only" in row else ")),")]
+        if row.get("trtllm_gen_only"):
+            lines += ["        trtllm_gen_only=(", _wrapped(row["trtllm_gen_only"]) + ")),"]
+        elif "trtllm_gen_only" in row:
+            lines.append("        trtllm_gen_only=''),")
     lines += ["}", "", "RELEASES = {"] + [f"    {v!r}: (\n{_wrapped(', '.join(map(repr, keys)), False)},\n    ),"
                                           for v, keys in listed.items()]
     return "\n".join(lines + ["}", ""])

@@ -16,8 +16,9 @@ import torch
 class Adapter:
     """One parameter type the op schema cannot hold, carried as schema-able parts.
 
-    ``parts``: (suffix, annotation) of the op parameters that carry it; ``pack``: the expression (over the
-    parameter's name ``{n}``) giving those parts in the traced caller; ``unpack``: the expression (over the
+    ``parts``: (suffix, annotation) of the op parameters that carry it (annotation None: the parameter's own);
+    ``pack``: the expression (over the parameter's name ``{n}``, and ``{backend}``, the getter's backend argument)
+    giving those parts in the traced caller; ``unpack``: the expression (over the
     parts, ``{n}`` and ``{n}__number``) rebuilding the value in the kernel; ``check``: a statement the caller
     runs first, for values no part can carry.
     """

@@ -96,9 +96,11 @@ def plan(name: str, function: str, signature: inspect.Signature, mutates, getter
             continue
         if parameter.name in (mutates or ()):
             raise NotExpressible(f"{function}: mutated parameter {parameter.name} has type {adapter.name}")
-        pieces.extend(Piece(parameter.name + suffix, annotation) for suffix, annotation in adapter.parts)
+        # A part annotated None keeps the parameter's own annotation (an adapter that changes the value only).
+        pieces.extend(Piece(parameter.name + suffix, parameter.annotation if annotation is None else annotation)
+                      for suffix, annotation in adapter.parts)
         if adapter.pack:
-            pack.append(adapter.pack.format(n=parameter.name))
+            pack.append(adapter.pack.format(n=parameter.name, backend=getter_argument("backend")))
         unpack.append(f"{parameter.name} = " + adapter.unpack.format(n=parameter.name))
         if not carry:
             fake_unpack.append(unpack[-1])

@@ -235,7 +235,8 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
     if row is None:
         return {}
     return {**{name: KV_CACHE for name, _ in _kinds(row) if name == "paged_kv_cache"},
-            **{name: PLAN_TENSOR for name, kind in _kinds(row) if kind == "l"}}
+            **{name: PLAN_TENSOR for name, kind in _kinds(row) if kind == "l"},
+            **{name: TRTLLM_GEN_ONLY for name in row.get("trtllm_gen_only", "").split()}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
@@ -254,6 +255,14 @@ KV_CACHE = adapters.Adapter("a KV cache: one tensor or a (k, v) pair",
                             "{n}[0] if isinstance({n}, (tuple, list)) else {n}, "
                             "{n}[1] if isinstance({n}, (tuple, list)) else None",
                             "{n} if {n}__v is None else ({n}, {n}__v)")
+
+
+#: A parameter the run reads only where the getter's backend is trtllm-gen (the table's ``trtllm_gen_only``): under
+#: another backend the op takes None there, whatever the caller passed, since FlashInfer never reads it. FlashInfer
+#: 0.5.3-0.6.8.post1's tensor-core decode passes its KV cache, and the values after it, one place late into these
+#: (a (k, v) pair where ``num_qo_heads`` is): no schema holds that, and fa2 and fa3 read none of it.
+TRTLLM_GEN_ONLY = adapters.Adapter("read only under the trtllm-gen backend", (("", None),),
+                                   "{n} if {backend} == 'trtllm-gen' else None", "{n}")
 
 
 def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
