@@ -24,6 +24,7 @@ CHECKS = {
     "FlashInfer's declared ops": "tests/declared/test_declared_ops_trace_on_cpu.py",
     "declared-op gates and GPU records": "tests/declared/test_declared_gate_values_and_gpu_records.py",
     "attention run parameters": "tests/declared/test_attention_parameters_read_from_sources.py",
+    "attention wrappers compiled": "tests/declared/test_attention_wrappers.py",
 }
 
 
