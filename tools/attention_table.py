@@ -7,7 +7,8 @@ method of the wrapper, ``plan`` among them). Recorded: the getter's parameters (
 function it forwards ``*args`` to); the run function's, in order, ``name:kind`` (r: a tensor read, w: a tensor
 written in place, l: an int list, s: a scalar), from the def FlashInfer declared in the getter or, for a getter
 that returns the built module, the C++ function's, whose types say more: ``?`` after r or w for an optional
-tensor, and each scalar by its type (i: an integer, f: a floating-point number, b: a bool; s: another). A tensor is written when FlashInfer's ``mutates_args`` names
+tensor, and each scalar by its type (i: an integer, f: a floating-point number, b: a bool; s: another). A ``t``
+after a def's kind: only its ``if backend == "trtllm-gen":`` branch reads the parameter, which defaults to None. A tensor is written when FlashInfer's ``mutates_args`` names
 it or a backend's C++ function writes it (hands it to the kernel as ``params.o``/``lse``, or it is a workspace
 buffer: ``*workspace*``, ``tmp``). Per backend (fa2; fa3: the ``_sm90`` binding), the C++ function exported.
 
@@ -137,15 +138,14 @@ def _row(package: Package, getter: str, entry: str):
                if k.arg == "mutates_args"]
     written = set(mutates[0] if mutates else ()) | {name for _, params in cpp.values() for name, kind in
                                                      (p.split(":") for p in params.split()) if kind.startswith("w")}
-    kinds = []
+    kinds, trtllm_gen_only = [], set(_read_only_under_trtllm_gen(run)) - written
     for argument in run.args.posonlyargs + run.args.args + run.args.kwonlyargs:
         text = ast.unparse(argument.annotation) if argument.annotation is not None else ""
         kind = ("w" if argument.arg in written else "r") if "Tensor" in text else "l" if text.lower().startswith(
             "list[int]") else "s"
-        kinds.append(f"{argument.arg}:{kind}")
+        kinds.append(f"{argument.arg}:{kind}" + ("t" if argument.arg in trtllm_gen_only else ""))
     return {**row, "run": run.name, "mutates": " ".join(mutates[0]) if mutates else "",
-            "parameters": " ".join(kinds + (["*args"] if run.args.vararg else [])),
-            "trtllm_gen_only": " ".join(n for n in _read_only_under_trtllm_gen(run) if n not in written)}
+            "parameters": " ".join(kinds + (["*args"] if run.args.vararg else []))}
 
 
 def _read_only_under_trtllm_gen(run: ast.FunctionDef) -> list:
@@ -180,8 +180,8 @@ def read(root: Path) -> tuple:
 
 
 def _wrapped(text: str, quote: bool = True) -> str:
-    """``text`` on lines of at most ~100 characters at 12 spaces: adjacent string literals, or as it is."""
-    lines = textwrap.wrap(text, 100, break_long_words=False, break_on_hyphens=False)
+    """``text`` on lines of at most ~103 characters at 12 spaces (118 in all): adjacent string literals, or as it is."""
+    lines = textwrap.wrap(text, 103, break_long_words=False, break_on_hyphens=False)
     if quote:
         lines = [repr(line + " ") for line in lines[:-1]] + [repr(lines[-1])]
     return "\n".join(" " * 12 + line for line in lines)
@@ -206,11 +206,7 @@ def render(releases: dict) -> str:
         lines += [f"        entry_points={row['entry_points']!r},", f"        backends={row['backends']!r},",
                   f"        mutates={mutates},",
                   "        getter_parameters=(", _wrapped(row["getter_parameters"]) + "),",
-                  "        parameters=(", _wrapped(row["parameters"]) + (")," if "trtllm_gen_only" in row else ")),")]
-        if row.get("trtllm_gen_only"):
-            lines += ["        trtllm_gen_only=(", _wrapped(row["trtllm_gen_only"]) + ")),"]
-        elif "trtllm_gen_only" in row:
-            lines.append("        trtllm_gen_only=''),")
+                  "        parameters=(", _wrapped(row["parameters"]) + ")),"]
     lines += ["}", "", "RELEASES = {"] + [f"    {v!r}: (\n{_wrapped(', '.join(map(repr, keys)), False)},\n    ),"
                                           for v, keys in listed.items()]
     return "\n".join(lines + ["}", ""])

@@ -7,12 +7,11 @@ ROWS = {
         backends={'fa2': 'single_decode_with_kv_cache'},
         mutates='tmp o',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, head_dim_qk: int, head_dim_vo: '
-            'int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, head_dim_qk: int, head_dim_vo: int, '
+            'pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool'),
         parameters=(
             'q:r k:r v:r tmp:w o:w maybe_lse:w alibi_slopes:r kv_layout_code:s window_left:s logits_soft_cap:s '
-            'sm_scale:s rope_scale:s rope_theta:s'),
-        trtllm_gen_only=''),
+            'sm_scale:s rope_scale:s rope_theta:s')),
     'single_prefill.run/1': dict(getter='get_single_prefill_module', entry='run', run='run_single_prefill',
         entry_points=('single_decode', 'single_prefill'),
         backends={'fa2': 'single_prefill_with_kv_cache', 'fa3': 'single_prefill_with_kv_cache_sm90'},
@@ -24,21 +23,18 @@ ROWS = {
         parameters=(
             'q:r k:r v:r tmp:w o:w maybe_lse:w mask_mode:s layout:s window_left:s maybe_packed_custom_mask:r '
             'maybe_alibi_slopes:r logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s '
-            'rope_theta:s'),
-        trtllm_gen_only=''),
+            'rope_theta:s')),
     'batch_decode.run/1': dict(getter='get_batch_decode_module', entry='run', run='run_batch_decode',
         entry_points=('batch_decode_paged',),
         backends={'fa2': 'BatchDecodeWithPagedKVCacheRun'},
         mutates='float_workspace_buffer int_workspace_buffer paged_k_cache paged_v_cache o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
             'paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w kv_layout_code:s '
-            'window_left:s enable_pdl:s alibi_slopes:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s'),
-        trtllm_gen_only=''),
+            'window_left:s enable_pdl:s alibi_slopes:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s')),
     'batch_prefill.paged_run/1': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
@@ -49,33 +45,28 @@ ROWS = {
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt')),
     'trtllm_gen_decode.paged_run/1': dict(getter='get_trtllm_gen_decode_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged',),
         backends={},
         mutates='float_workspace_buffer int_workspace_buffer o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool, '
+            'use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:r paged_v_cache:r '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s paged_kv_cache:r num_qo_heads:s num_kv_heads:s '
-            'block_tables:r kv_lens_buffer:r page_size:s max_kv_len:s sinks:r'),
-        trtllm_gen_only=''),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r '
+            'page_size:s max_kv_len:s sinks:r')),
     'batch_prefill.ragged_run/1': dict(getter='get_batch_prefill_module', entry='ragged_run', run='ragged_run',
         entry_points=('batch_prefill_ragged',),
         backends={'fa2': 'BatchPrefillWithRaggedKVCacheRun', 'fa3': 'BatchPrefillWithRaggedKVCacheSM90Run'},
@@ -85,12 +76,10 @@ ROWS = {
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r '
-            'o:w maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r '
-            'maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r '
-            'maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s'),
-        trtllm_gen_only=''),
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r o:w '
+            'maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
+            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
+            'logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s token_pos_in_items_len:s')),
     'batch_mla.run/1': dict(getter='get_batch_mla_module', entry='run', run=None,
         entry_points=('mla_paged',),
         backends={'fa2': 'BatchMLAPagedAttentionRun', 'fa3': 'BatchMLAPagedAttentionSM90Run'},
@@ -99,8 +88,8 @@ ROWS = {
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r kpe_cache:r '
+            'kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
             'return_lse_base_on_e:b')),
     'batch_prefill.ragged_run/2': dict(getter='get_batch_prefill_module', entry='ragged_run', run='ragged_run',
         entry_points=('batch_prefill_ragged',),
@@ -111,12 +100,11 @@ ROWS = {
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r '
-            'o:w maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r '
-            'maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r '
-            'maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s scale_q:r scale_k:r scale_v:r'),
-        trtllm_gen_only=''),
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r o:w '
+            'maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
+            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
+            'logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s token_pos_in_items_len:s scale_q:r scale_k:r '
+            'scale_v:r')),
     'batch_prefill.paged_run/2': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
@@ -127,36 +115,31 @@ ROWS = {
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r key_block_scales:r value_block_scales:r '
-            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks key_block_scales value_block_scales '
-            'skip_softmax_threshold_scale_factor')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt '
+            'key_block_scales:rt value_block_scales:rt skip_softmax_threshold_scale_factor:st '
+            'uses_shared_paged_kv_idx:s')),
     'trtllm_gen_decode.paged_run/2': dict(getter='get_trtllm_gen_decode_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged',),
         backends={},
         mutates='float_workspace_buffer int_workspace_buffer o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool, '
+            'use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:r paged_v_cache:r '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s paged_kv_cache:r num_qo_heads:s num_kv_heads:s '
-            'block_tables:r kv_lens_buffer:r page_size:s max_kv_len:s sinks:r key_block_scales:r '
-            'value_block_scales:r skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s'),
-        trtllm_gen_only=''),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r '
+            'page_size:s max_kv_len:s sinks:r key_block_scales:r value_block_scales:r '
+            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s')),
     'single_prefill.run/2': dict(getter='get_single_prefill_module', entry='run', run='run_single_prefill',
         entry_points=('single_decode', 'single_prefill'),
         backends={'fa2': 'single_prefill_with_kv_cache', 'fa3': 'single_prefill_with_kv_cache_sm90'},
@@ -168,8 +151,7 @@ ROWS = {
         parameters=(
             'q:r k:r v:r tmp:w o:w maybe_lse:w mask_mode:s layout:s window_left:s maybe_packed_custom_mask:r '
             'maybe_alibi_slopes:r logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s '
-            'rope_theta:s maybe_k_cache_sf:r maybe_v_cache_sf:r'),
-        trtllm_gen_only=''),
+            'rope_theta:s maybe_k_cache_sf:r maybe_v_cache_sf:r')),
     'batch_prefill.paged_run/3': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
@@ -180,17 +162,14 @@ ROWS = {
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r key_block_scales:r value_block_scales:r '
-            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks skip_softmax_threshold_scale_factor')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt '
+            'key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:st '
+            'uses_shared_paged_kv_idx:s')),
     'batch_prefill.ragged_run/3': dict(getter='get_batch_prefill_module', entry='ragged_run', run='ragged_run',
         entry_points=('batch_prefill_ragged',),
         backends={'fa2': 'BatchPrefillWithRaggedKVCacheRun', 'fa3': 'BatchPrefillWithRaggedKVCacheSM90Run'},
@@ -200,43 +179,39 @@ ROWS = {
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r '
-            'o:w maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r '
-            'maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r '
-            'maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s maybe_k_cache_sf:r maybe_v_cache_sf:r scale_q:r scale_k:r scale_v:r'),
-        trtllm_gen_only=''),
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r o:w '
+            'maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
+            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
+            'logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s token_pos_in_items_len:s maybe_k_cache_sf:r '
+            'maybe_v_cache_sf:r scale_q:r scale_k:r scale_v:r')),
     'batch_prefill.paged_run/4': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
         mutates=(
-            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache '
-            'o maybe_lse'),
+            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache o '
+            'maybe_lse'),
         getter_parameters=(
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r key_block_scales:r value_block_scales:r '
-            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s multi_ctas_kv_counter_buffer:w'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks skip_softmax_threshold_scale_factor')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt '
+            'key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:st '
+            'uses_shared_paged_kv_idx:s multi_ctas_kv_counter_buffer:w')),
     'trtllm_gen_decode.paged_run/3': dict(getter='get_trtllm_gen_decode_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged',),
         backends={},
         mutates='float_workspace_buffer multi_ctas_kv_counter_buffer int_workspace_buffer o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool, '
+            'use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w multi_ctas_kv_counter_buffer:w int_workspace_buffer:w plan_info_vec:l q:r '
             'paged_k_cache:r paged_v_cache:r qo_indptr:r paged_kv_indptr:r paged_kv_indices:r '
@@ -244,10 +219,9 @@ ROWS = {
             'maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r '
             'maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s scale_q:r '
             'scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s workspace_size:s '
-            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s '
-            'max_kv_len:s sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
-            'uses_shared_paged_kv_idx:s'),
-        trtllm_gen_only=''),
+            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s max_kv_len:s '
+            'sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
+            'uses_shared_paged_kv_idx:s')),
     'batch_mla.run/2': dict(getter='get_batch_mla_module', entry='run', run=None,
         entry_points=('mla_paged',),
         backends={'fa2': 'BatchMLAPagedAttentionRun', 'fa3': 'BatchMLAPagedAttentionSM90Run'},
@@ -256,42 +230,37 @@ ROWS = {
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r kpe_cache:r '
+            'kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
             'return_lse_base_on_e:b ckv_scale:f kpe_scale:f')),
     'batch_prefill.paged_run/5': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
         mutates=(
-            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache '
-            'o maybe_lse'),
+            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache o '
+            'maybe_lse'),
         getter_parameters=(
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r key_block_scales:r value_block_scales:r '
-            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s use_fp16_softmax:s '
-            'uses_spcompress:s multi_ctas_kv_counter_buffer:w'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks skip_softmax_threshold_scale_factor use_fp16_softmax '
-            'uses_spcompress')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt '
+            'key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:st '
+            'uses_shared_paged_kv_idx:s use_fp16_softmax:st uses_spcompress:st multi_ctas_kv_counter_buffer:w')),
     'trtllm_gen_decode.paged_run/4': dict(getter='get_trtllm_gen_decode_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged',),
         backends={},
         mutates='float_workspace_buffer multi_ctas_kv_counter_buffer int_workspace_buffer o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool, '
+            'use_fp16_qk_reduction: bool'),
         parameters=(
             'float_workspace_buffer:w multi_ctas_kv_counter_buffer:w int_workspace_buffer:w plan_info_vec:l q:r '
             'paged_k_cache:r paged_v_cache:r qo_indptr:r paged_kv_indptr:r paged_kv_indices:r '
@@ -299,10 +268,9 @@ ROWS = {
             'maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r '
             'maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s scale_q:r '
             'scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s workspace_size:s '
-            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s '
-            'max_kv_len:s sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
-            'uses_shared_paged_kv_idx:s bf16q_fp8kv_transform_mode:s'),
-        trtllm_gen_only=''),
+            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s max_kv_len:s '
+            'sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
+            'uses_shared_paged_kv_idx:s bf16q_fp8kv_transform_mode:s')),
     'batch_mla.run/3': dict(getter='get_batch_mla_module', entry='run', run=None,
         entry_points=('mla_paged',),
         backends={'fa2': 'BatchMLAPagedAttentionRun', 'fa3': 'BatchMLAPagedAttentionSM90Run'},
@@ -311,8 +279,8 @@ ROWS = {
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_ckv: int, head_dim_kpe: int, use_profiler: bool'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r '
-            'kpe_cache:r kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q_nope:r q_pe:r ckv_cache:r kpe_cache:r '
+            'kv_indices:r o:w maybe_lse:w? mask_mode_code:i num_heads:i page_size:i sm_scale:f '
             'return_lse_base_on_e:b ckv_scale:f kpe_scale:f maybe_ckv_scale_arr:r?')),
     'single_prefill.run/3': dict(getter='get_single_prefill_module', entry='run', run='run_single_prefill',
         entry_points=('single_decode', 'single_prefill'),
@@ -325,41 +293,35 @@ ROWS = {
         parameters=(
             'q:r k:r v:r tmp:w o:w maybe_lse:w mask_mode:s layout:s window_left:s maybe_packed_custom_mask:r '
             'maybe_alibi_slopes:r logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s '
-            'rope_theta:s maybe_k_cache_sf:r maybe_v_cache_sf:r'),
-        trtllm_gen_only=''),
+            'rope_theta:s maybe_k_cache_sf:r maybe_v_cache_sf:r')),
     'batch_prefill.paged_run/6': dict(getter='get_batch_prefill_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged', 'batch_prefill_paged'),
         backends={'fa2': 'BatchPrefillWithPagedKVCacheRun', 'fa3': 'BatchPrefillWithPagedKVCacheSM90Run'},
         mutates=(
-            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache '
-            'o maybe_lse'),
+            'float_workspace_buffer int_workspace_buffer multi_ctas_kv_counter_buffer paged_k_cache paged_v_cache o '
+            'maybe_lse'),
         getter_parameters=(
             'backend: str, dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: '
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool, use_token_head_sf: bool = False'),
         parameters=(
             'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r paged_k_cache:w paged_v_cache:w '
-            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w '
-            'mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
-            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
-            'logits_soft_cap:s sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s workspace_size:s num_qo_heads:s num_kv_heads:s block_tables:r '
-            'kv_lens_buffer:r page_size:s max_q_len:s max_kv_len:s batch_size:s cum_seq_lens_q:r '
-            'cum_seq_lens_kv:r sinks:r key_block_scales:r value_block_scales:r '
-            'skip_softmax_threshold_scale_factor:s uses_shared_paged_kv_idx:s use_fp16_softmax:s '
-            'uses_spcompress:s multi_ctas_kv_counter_buffer:w'),
-        trtllm_gen_only=(
-            'num_qo_heads num_kv_heads block_tables kv_lens_buffer page_size max_q_len max_kv_len batch_size '
-            'cum_seq_lens_q cum_seq_lens_kv sinks skip_softmax_threshold_scale_factor use_fp16_softmax '
-            'uses_spcompress')),
+            'qo_indptr:r paged_kv_indptr:r paged_kv_indices:r paged_kv_last_page_len:r o:w maybe_lse:w mask_mode:s '
+            'layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r '
+            'maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s '
+            'sm_scale:s scale_q:r scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s '
+            'workspace_size:s num_qo_heads:st num_kv_heads:st block_tables:rt kv_lens_buffer:rt page_size:st '
+            'max_q_len:st max_kv_len:st batch_size:st cum_seq_lens_q:rt cum_seq_lens_kv:rt sinks:rt '
+            'key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:st '
+            'uses_shared_paged_kv_idx:s use_fp16_softmax:st uses_spcompress:st multi_ctas_kv_counter_buffer:w')),
     'trtllm_gen_decode.paged_run/5': dict(getter='get_trtllm_gen_decode_module', entry='paged_run', run='paged_run',
         entry_points=('batch_decode_paged',),
         backends={},
         mutates='float_workspace_buffer multi_ctas_kv_counter_buffer int_workspace_buffer o maybe_lse',
         getter_parameters=(
-            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, '
-            'head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
-            'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool, use_token_head_sf: bool = False'),
+            'dtype_q: torch.dtype, dtype_kv: torch.dtype, dtype_o: torch.dtype, dtype_idx: torch.dtype, head_dim_qk: '
+            'int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, use_logits_soft_cap: bool, '
+            'use_fp16_qk_reduction: bool, use_token_head_sf: bool = False'),
         parameters=(
             'float_workspace_buffer:w multi_ctas_kv_counter_buffer:w int_workspace_buffer:w plan_info_vec:l q:r '
             'paged_k_cache:r paged_v_cache:r qo_indptr:r paged_kv_indptr:r paged_kv_indices:r '
@@ -367,10 +329,9 @@ ROWS = {
             'maybe_custom_mask:r maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r '
             'maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s scale_q:r '
             'scale_k:r scale_v:r rope_scale:s rope_theta:s token_pos_in_items_len:s workspace_size:s '
-            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s '
-            'max_kv_len:s sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
-            'uses_shared_paged_kv_idx:s bf16q_fp8kv_transform_mode:s'),
-        trtllm_gen_only=''),
+            'paged_kv_cache:r num_qo_heads:s num_kv_heads:s block_tables:r kv_lens_buffer:r page_size:s max_kv_len:s '
+            'sinks:r key_block_scales:r value_block_scales:r skip_softmax_threshold_scale_factor:s '
+            'uses_shared_paged_kv_idx:s bf16q_fp8kv_transform_mode:s')),
     'batch_prefill.ragged_run/4': dict(getter='get_batch_prefill_module', entry='ragged_run', run='ragged_run',
         entry_points=('batch_prefill_ragged',),
         backends={'fa2': 'BatchPrefillWithRaggedKVCacheRun', 'fa3': 'BatchPrefillWithRaggedKVCacheSM90Run'},
@@ -380,12 +341,11 @@ ROWS = {
             'torch.dtype, head_dim_qk: int, head_dim_vo: int, pos_encoding_mode: int, use_sliding_window: bool, '
             'use_logits_soft_cap: bool, use_fp16_qk_reduction: bool, use_token_head_sf: bool = False'),
         parameters=(
-            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r '
-            'o:w maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r '
-            'maybe_mask_indptr:r maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r '
-            'maybe_max_item_len_ptr:r logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s '
-            'token_pos_in_items_len:s maybe_k_cache_sf:r maybe_v_cache_sf:r scale_q:r scale_k:r scale_v:r'),
-        trtllm_gen_only=''),
+            'float_workspace_buffer:w int_workspace_buffer:w plan_info_vec:l q:r k:r v:r qo_indptr:r kv_indptr:r o:w '
+            'maybe_lse:w mask_mode:s layout:s window_left:s enable_pdl:s maybe_custom_mask:r maybe_mask_indptr:r '
+            'maybe_alibi_slopes:r maybe_prefix_len_ptr:r maybe_token_pos_in_items_ptr:r maybe_max_item_len_ptr:r '
+            'logits_soft_cap:s sm_scale:s rope_scale:s rope_theta:s token_pos_in_items_len:s maybe_k_cache_sf:r '
+            'maybe_v_cache_sf:r scale_q:r scale_k:r scale_v:r')),
 }
 
 RELEASES = {

@@ -217,14 +217,15 @@ def attention_getter_signature(release: Optional[str], module, getter: str, run:
 
 
 def _kinds(row: dict) -> list:
-    """(name, kind) of each of a row's run parameters; kind without its optional mark (``?``)."""
-    return [(name, kind.rstrip("?")) for name, kind in (p.split(":") for p in row["parameters"].split())]
+    """(name, kind, marks) of each of a row's run parameters: the kind's letter, then its marks (``?`` optional,
+    ``t`` read only under the trtllm-gen backend)."""
+    return [(name, kind[0], kind[1:]) for name, kind in (p.split(":") for p in row["parameters"].split())]
 
 
 def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
     """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
     row = _attention_row(release, getter, run)
-    return () if row is None else tuple(name for name, kind in _kinds(row) if kind == "w")
+    return () if row is None else tuple(name for name, kind, _ in _kinds(row) if kind == "w")
 
 
 def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, adapters.Adapter]:
@@ -234,9 +235,9 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
     row = _attention_row(release, getter, run)
     if row is None:
         return {}
-    return {**{name: KV_CACHE for name, _ in _kinds(row) if name == "paged_kv_cache"},
-            **{name: PLAN_TENSOR for name, kind in _kinds(row) if kind == "l"},
-            **{name: TRTLLM_GEN_ONLY for name in row.get("trtllm_gen_only", "").split()}}
+    return {**{name: KV_CACHE for name, _, _ in _kinds(row) if name == "paged_kv_cache"},
+            **{name: PLAN_TENSOR for name, kind, _ in _kinds(row) if kind == "l"},
+            **{name: TRTLLM_GEN_ONLY for name, _, marks in _kinds(row) if "t" in marks}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
@@ -257,7 +258,7 @@ KV_CACHE = adapters.Adapter("a KV cache: one tensor or a (k, v) pair",
                             "{n} if {n}__v is None else ({n}, {n}__v)")
 
 
-#: A parameter the run reads only where the getter's backend is trtllm-gen (the table's ``trtllm_gen_only``): under
+#: A parameter the run reads only where the getter's backend is trtllm-gen (the table's ``t`` mark): under
 #: another backend the op takes None there, whatever the caller passed, since FlashInfer never reads it. FlashInfer
 #: 0.5.3-0.6.8.post1's tensor-core decode passes its KV cache, and the values after it, one place late into these
 #: (a (k, v) pair where ``num_qo_heads`` is): no schema holds that, and fa2 and fa3 read none of it.
