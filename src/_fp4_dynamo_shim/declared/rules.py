@@ -192,13 +192,22 @@ ATTENTION_WRAPPED = {
     "batch_decode_paged": ("flashinfer.decode", "BatchDecodeWithPagedKVCacheWrapper"),
     "batch_prefill_paged": ("flashinfer.prefill", "BatchPrefillWithPagedKVCacheWrapper"),
     "batch_prefill_ragged": ("flashinfer.prefill", "BatchPrefillWithRaggedKVCacheWrapper"),
+    # Defined in flashinfer.mla (0.5.3-0.6.7.post2) or flashinfer.mla._core (0.6.8.post1 on), which the package
+    # re-exports: the class is one object either way.
+    "mla_paged": ("flashinfer.mla", "BatchMLAPagedAttentionWrapper"),
 }
+
+
+def _function(row: dict) -> str:
+    """The name a row's run goes by in its getter's result: its Python def's, or where the getter returns the built
+    module (``run=None``: the parameters were read from the C++ function) the module's attribute."""
+    return row["run"] or row["entry"]
 
 
 def _attention_row(release: Optional[str], getter: str, run: str) -> Optional[dict]:
     for key in attention_table.RELEASES.get(release, ()):
         row = attention_table.ROWS[key]
-        if row["getter"] != getter or row["run"] != run:
+        if row["getter"] != getter or _function(row) != run:
             continue
         if set(row["entry_points"]) & (set(ATTENTION_TRACED) | set(ATTENTION_WRAPPED)):
             return row
@@ -216,15 +225,17 @@ def attention_getter_signature(release: Optional[str], module, getter: str, run:
     return inspect.signature(local[getter], eval_str=True)
 
 
-def _kinds(row: dict) -> list:
-    """(name, kind) of each of a row's run parameters; kind without its optional mark (``?``)."""
-    return [(name, kind.rstrip("?")) for name, kind in (p.split(":") for p in row["parameters"].split())]
+def kinds(row: dict, optional_marked: bool = False) -> list:
+    """(name, kind) of each of a row's run parameters; kind without its optional mark (``?``) unless
+    ``optional_marked``."""
+    return [(name, kind if optional_marked else kind.rstrip("?"))
+            for name, kind in (p.split(":") for p in row["parameters"].split())]
 
 
 def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
     """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
     row = _attention_row(release, getter, run)
-    return () if row is None else tuple(name for name, kind in _kinds(row) if kind == "w")
+    return () if row is None else tuple(name for name, kind in kinds(row) if kind == "w")
 
 
 def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, adapters.Adapter]:
@@ -234,8 +245,8 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
     row = _attention_row(release, getter, run)
     if row is None:
         return {}
-    return {**{name: KV_CACHE for name, _ in _kinds(row) if name == "paged_kv_cache"},
-            **{name: PLAN_TENSOR for name, kind in _kinds(row) if kind == "l"}}
+    return {**{name: KV_CACHE for name, _ in kinds(row) if name == "paged_kv_cache"},
+            **{name: PLAN_TENSOR for name, kind in kinds(row) if kind == "l"}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
@@ -260,4 +271,15 @@ def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
     """The getters whose modules ``entry_point``'s wrapper caches in plan() and whose rows the layer builds from."""
     return {attention_table.ROWS[key]["getter"] for key in attention_table.RELEASES.get(release, ())
             if entry_point in attention_table.ROWS[key]["entry_points"] and _attention_row(
-                release, attention_table.ROWS[key]["getter"], attention_table.ROWS[key]["run"]) is not None}
+                release, attention_table.ROWS[key]["getter"], _function(attention_table.ROWS[key])) is not None}
+
+
+def attention_built_modules(release: Optional[str]) -> Dict[str, dict]:
+    """Wrapped entry point -> its row, for each run the table read from C++ alone (``run=None``): the getter returns
+    the built module, whose run has no Python def to declare an op from (``declared/built_modules.py``)."""
+    found = {}
+    for key in attention_table.RELEASES.get(release, ()):
+        row = attention_table.ROWS[key]
+        if row["run"] is None:
+            found.update({entry_point: row for entry_point in row["entry_points"] if entry_point in ATTENTION_WRAPPED})
+    return found
