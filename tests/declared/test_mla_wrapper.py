@@ -116,11 +116,17 @@ def covered(mla):
     return mla
 
 
-def _wrapper():
+def _wrapper(use_cuda_graph: bool = False, batch: int = 4):
+    """FlashInfer's wrapper on CPU; with ``use_cuda_graph`` the buffers its plan() rewrites, for ``batch`` requests."""
+    buffers = {}
+    if use_cuda_graph:
+        buffers = dict(zip(("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr"),
+                           (torch.zeros(n, dtype=torch.int32) for n in (batch + 1, batch + 1, 64, batch))))
     empty = torch.empty
     with pytest.MonkeyPatch.context() as patch:  # CPU torch has no pinned memory
         patch.setattr(torch, "empty", lambda *a, pin_memory=False, **k: empty(*a, **k))
-        return WRAPPER(torch.zeros(1 << 12, dtype=torch.uint8), backend="fa2")
+        return WRAPPER(torch.zeros(1 << 12, dtype=torch.uint8), use_cuda_graph=use_cuda_graph, backend="fa2",
+                       **buffers)
 
 
 def _plan(wrapper, pages_per_request, rows=None, causal=True, use_profiler=False) -> int:
@@ -227,6 +233,26 @@ def test_twenty_plan_and_run_steps_with_changing_batches_compile_once_under_dyna
     assert compiles.count == 1, compiles.recompiled_for
 
 
+@pytest.mark.parametrize("dynamic", [False, None, True])
+def test_twenty_cuda_graph_steps_with_changing_lengths_compile_once_under_every_dynamic_setting(covered, dynamic):
+    """A ``use_cuda_graph=True`` wrapper keeps its batch and buffers; plan() rewrites them and the plan vector. The
+    plan reaches the op as a tensor: under ``dynamic=False`` (SGLang's) too, a new plan is a new argument, not a
+    recompile."""
+    wrapper, cache = _wrapper(use_cuda_graph=True, batch=4), _cache()
+    rng = random.Random(1)
+    covered["calls"].clear()
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: _run(wrapper, q, cache), fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    with Compiles() as compiles:
+        for step in range(20):
+            q = _query(_plan(wrapper, [rng.randint(1, 4) for _ in range(4)]), seed=step)
+            out, lse = compiled(q)
+            eager_out, eager_lse = _run(wrapper, q, cache)
+            assert torch.equal(out, eager_out) and torch.equal(lse, eager_lse), step
+    assert compiles.count == 1, compiles.recompiled_for
+    assert len({tuple(plan) for _, plan in covered["calls"]}) > 5  # the plans did change
+
+
 def test_opcheck_holds_the_op_with_the_stand_in_kernel(covered):
     """torch.library.opcheck runs the op (the stand-in module's run through the getter, the plan as a tensor) and
     checks its schema's write claims (both workspaces, o, lse), its fake and its registration."""
@@ -240,7 +266,7 @@ def test_opcheck_holds_the_op_with_the_stand_in_kernel(covered):
               "int_workspace_buffer": wrapper._int_workspace_buffer,
               "plan_info_vec": torch.tensor(wrapper._plan_info, dtype=torch.int64), "q_nope": q_nope, "q_pe": q_pe,
               "ckv_cache": cache[0], "kpe_cache": cache[1], "kv_indices": wrapper._kv_indices_buf,
-              "o": torch.empty_like(q_nope), "maybe_lse": torch.empty(rows, HEADS), "mask_mode_code": 1,
+              "o": torch.zeros_like(q_nope), "maybe_lse": torch.zeros(rows, HEADS), "mask_mode_code": 1,
               "num_heads": HEADS, "page_size": PAGE, "sm_scale": 0.125, "return_lse_base_on_e": False,
               "ckv_scale": 1.0, "kpe_scale": 1.0}
     torch.library.opcheck(op, [values.get(a.name.removeprefix("getter_")) for a in op._schema.arguments])
