@@ -8,6 +8,8 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   cache (the getter's arguments are its key) and each of its run functions gets a polyfill: the caller the getter's
   polyfill returns for those arguments, which calls the op built from the attention table (``build.getter``). One
   op per run function for every module; its getter arguments are constants of the graph, as for single decode.
+  Where the getter returns the built module itself (MLA's, ``built_modules``), its run is a C++ function object, which
+  takes no polyfill: the wrapper class gets a ``_cached_module`` property instead, carrying that namespace.
 * **The plan.** Python values read from the wrapper are guards on their values: every new batch would recompile.
   The wrapper classes get a property for ``_plan_info`` and each of :data:`LENGTHS`: its setter keeps FlashInfer's value
   where FlashInfer's code reads it, plus the value as compiled code takes it; under tracing the getter returns
