@@ -176,8 +176,9 @@ def test_status_says_what_of_the_mla_wrapper_is_covered_and_what_stays_flashinfe
     else:
         assert not any("batch_mla" in key for key in status["registered"])
         assert uncovered == [f"not covered: {WRAPPER.__module__}.BatchMLAPagedAttentionWrapper.run stays FlashInfer's: "
-                             f"the attention table has no row for FlashInfer {flashinfer.__version__}'s (0.7.x runs "
-                             "MLA through backend objects, flashinfer.mla._batch_mla)"]
+                             f"the attention table has no row for it in FlashInfer {flashinfer.__version__} (0.7.x "
+                             "runs MLA through backend objects, flashinfer.mla._batch_mla, which the table does not "
+                             "read)"]
 
 
 def test_run_traces_to_its_op_with_no_graph_break(covered):

@@ -212,8 +212,10 @@ def _register(layer: Layer) -> None:
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
             wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])
-        if layer.gate == "all":  # the gate under which every built-module run is built, or said not to be
-            layer.helpers += built_modules.not_covered(package, layer.flashinfer, {g.__name__ for g in layer.getters})
+        # A wrapper with no row is said not covered under the gate that would have covered it, as a gated-off
+        # declaration is listed only where the gate reads its module.
+        layer.helpers += built_modules.not_covered(package, layer.flashinfer, {g.__name__ for g in layer.getters},
+                                                   rowless=layer.gate == "all")
         _install_polyfills(layer)
     except BaseException:
         revert(layer)
