@@ -172,7 +172,7 @@ def test_status_says_what_of_the_mla_wrapper_is_covered_and_what_stays_flashinfe
         assert status["registered"][RUN] == f"{declared_layer.NAMESPACE}::batch_mla_run"
         assert any("get_batch_mla_module(..., use_profiler=True).run" in line for line in uncovered), uncovered
         assert any("backend='cutlass'" in line and "cutlass_mla_paged_attention" in line for line in uncovered)
-        assert f"flashinfer.mla.BatchMLAPagedAttentionWrapper._cached_module" in status["helpers"]
+        assert "flashinfer.mla.BatchMLAPagedAttentionWrapper._cached_module" in status["helpers"]
     else:
         assert not any("batch_mla" in key for key in status["registered"])
         assert uncovered == [f"not covered: {WRAPPER.__module__}.BatchMLAPagedAttentionWrapper.run stays FlashInfer's: "

@@ -69,21 +69,17 @@ def _refusal(row: dict, parameter: str, reason: str) -> str:
     return f"fp4_dynamo_shim: {row['getter']}(..., {parameter}=True).{row['entry']} stays FlashInfer's: {reason}"
 
 
-def _row_key(row: dict) -> str:
-    return next(key for key, value in rules.attention_table.ROWS.items() if value is row)
-
-
 def declarations(package: Path, release: Optional[str], wanted) -> Tuple[List[scan.Declaration], List[scan.Namespace]]:
     """The declarations and namespaces for the release's built-module runs whose wrapper the package read defines,
     those ``wanted(key)`` selects (the gate: a narrower one reads only what it can turn on)."""
     found, namespaces = [], []
-    for entry_point, row in rules.attention_built_modules(release).items():
-        wrapper = _class(entry_point)
+    for entry_point, key in rules.attention_built_modules(release).items():
+        row, wrapper = rules.attention_table.ROWS[key], _class(entry_point)
         if wrapper is None or not _inside(package, sys.modules[wrapper.__module__]):
             continue
         module = wrapper.__module__  # where the getter is defined, beside the wrapper that calls it
         declaration = scan.Declaration(
-            module, row["entry"], 0, op_name(_row_key(row)),
+            module, row["entry"], 0, op_name(key),
             f"none: {row['getter']} returns its built module (the attention table's row)",
             tuple(name for name, kind in rules.kinds(row) if kind == "w"), (row["getter"],), _annotated(row), "None",
             None, row["getter_parameters"])
@@ -108,6 +104,10 @@ def extended(scanned: scan.Scan, package: Path, release: Optional[str], wanted) 
                      {**scanned.namespaces, **{(n.module, n.getter): n for n in namespaces}})
 
 
+#: Why a release may have no row for a built-module wrapper, per entry point.
+WITHOUT_ROW = {"mla_paged": "0.7.x runs MLA through backend objects, flashinfer.mla._batch_mla, which the table does "
+                            "not read"}
+
 #: What a built-module wrapper's run() does other than calling the getter's module's run, per entry point.
 OTHER_PATHS = {
     "mla_paged": "with backend='cutlass' its run() calls get_mla_module()'s cutlass_mla_paged_attention, which no op "
@@ -126,12 +126,11 @@ def not_covered(package: Path, release: Optional[str], registered_getters, rowle
         if wrapper is None or not _inside(package, sys.modules[wrapper.__module__]):
             continue
         where = f"{wrapper.__module__}.{wrapper.__name__}"
-        row = rows.get(entry_point)
+        row = rules.attention_table.ROWS.get(rows.get(entry_point))
         if row is None:
             if rowless:
                 lines.append(f"not covered: {where}.run stays FlashInfer's: the attention table has no row for it in "
-                             f"FlashInfer {release} (0.7.x runs MLA through backend objects, flashinfer.mla._batch_mla, "
-                             "which the table does not read)")
+                             f"FlashInfer {release} ({WITHOUT_ROW[entry_point]})")
             continue
         if row["getter"] not in registered_getters:
             continue

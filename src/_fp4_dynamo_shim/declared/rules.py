@@ -274,12 +274,12 @@ def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
                 release, attention_table.ROWS[key]["getter"], _function(attention_table.ROWS[key])) is not None}
 
 
-def attention_built_modules(release: Optional[str]) -> Dict[str, dict]:
-    """Wrapped entry point -> its row, for each run the table read from C++ alone (``run=None``): the getter returns
-    the built module, whose run has no Python def to declare an op from (``declared/built_modules.py``)."""
+def attention_built_modules(release: Optional[str]) -> Dict[str, str]:
+    """Wrapped entry point -> its row's key, for each run the table read from C++ alone (``run=None``): the getter
+    returns the built module, whose run has no Python def to declare an op from (``declared/built_modules.py``)."""
     found = {}
     for key in attention_table.RELEASES.get(release, ()):
         row = attention_table.ROWS[key]
         if row["run"] is None:
-            found.update({entry_point: row for entry_point in row["entry_points"] if entry_point in ATTENTION_WRAPPED})
+            found.update({entry_point: key for entry_point in row["entry_points"] if entry_point in ATTENTION_WRAPPED})
     return found
