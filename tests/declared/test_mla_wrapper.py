@@ -91,9 +91,10 @@ class StandInMLAModule:
         float_workspace[:8].fill_(rows)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def mla():
-    """Every declared op on (gate ``all``), with the stand-in MLA module; yields the stand-in's call record."""
+    """Every declared op on (gate ``all``), with the stand-in MLA module; yields the stand-in's call record. Applied
+    per test (a second each): what the layer does at apply time is then part of every test, as mutmut counts it."""
     calls: list = []
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
@@ -217,6 +218,14 @@ def test_compiled_run_equals_eager_bit_for_bit_with_its_in_place_writes(covered,
     eager_then_compiled(call, backend, prepare, record)
 
 
+def test_a_run_without_lse_passes_none_where_the_schema_takes_an_optional_tensor(covered):
+    wrapper, cache = _wrapper(), _cache()
+    q = _query(_plan(wrapper, [2, 3], rows=[2, 1]))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: wrapper.run(*q, *cache), fullgraph=True, backend="aot_eager")(q)
+    assert torch.equal(compiled, wrapper.run(*q, *cache))
+
+
 def test_twenty_plan_and_run_steps_with_changing_batches_compile_once_under_dynamic_shapes(covered):
     """plan() leaves the plan vector as a tensor and the module as the same traced namespace for the same getter
     arguments: with ``dynamic=True`` nothing a step changes is a guard."""
@@ -270,6 +279,9 @@ def test_opcheck_holds_the_op_with_the_stand_in_kernel(covered):
               "o": torch.zeros_like(q_nope), "maybe_lse": torch.zeros(rows, HEADS), "mask_mode_code": 1,
               "num_heads": HEADS, "page_size": PAGE, "sm_scale": 0.125, "return_lse_base_on_e": False,
               "ckv_scale": 1.0, "kpe_scale": 1.0}
+    # Optional where the table marks it (``?``) and where the plan crosses (None for a plan its kernel does not read).
+    optional = {a.name for a in op._schema.arguments if isinstance(a.type, torch.OptionalType)}
+    assert optional - {"maybe_ckv_scale_arr"} == {"plan_info_vec", "maybe_lse"}  # 0.6.18 adds the scale array
     torch.library.opcheck(op, [values.get(a.name.removeprefix("getter_")) for a in op._schema.arguments])
 
 

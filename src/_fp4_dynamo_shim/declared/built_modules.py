@@ -39,8 +39,8 @@ def _class(entry_point: str):
     """The wrapper class of ``entry_point`` where its module is imported, or None."""
     module_name, class_name = rules.ATTENTION_WRAPPED[entry_point]
     try:
-        return getattr(importlib.import_module(module_name), class_name, None)
-    except Exception:  # a module that does not import here has no wrapper to cover
+        return getattr(importlib.import_module(module_name), class_name)
+    except Exception:  # a module that does not import here, or lacks the class, has no wrapper to cover
         return None
 
 
@@ -82,8 +82,8 @@ def declarations(package: Path, release: Optional[str], wanted) -> Tuple[List[sc
             module, row["entry"], 0, op_name(key),
             f"none: {row['getter']} returns its built module (the attention table's row)",
             tuple(name for name, kind in rules.kinds(row) if kind == "w"), (row["getter"],), _annotated(row), "None",
-            None, row["getter_parameters"])
-        if wanted(declaration.key) and declaration not in found:
+            None)
+        if wanted(declaration.key):
             found.append(declaration)
             namespaces.append(scan.Namespace(module, row["getter"], ((row["entry"], row["entry"]),),
                                              returns=_returns(row)))
