@@ -82,8 +82,12 @@ def _trace(function, args, kwargs):
 def test_every_declaration_in_the_installed_flashinfer_is_registered_or_listed_with_a_reason(every_op):
     package = Path(flashinfer.__file__).parent
     # Counted from the text, independently of the ast scan: a declaration the scan misses fails here.
-    written = sum(len(re.findall(r"^\s*@register_custom_op\(", path.read_text(encoding="utf-8"), re.M))
-                  for path in package.rglob("*.py"))
+    texts = [path.read_text(encoding="utf-8") for path in package.rglob("*.py")]
+    written = sum(len(re.findall(r"^\s*@register_custom_op\(", text, re.M)) for text in texts)
+    # Plus the run of the module MLA's getter returns built, beside the wrapper that runs it (0.5.3-0.6.x): no
+    # declaration in the text, the shim's from the attention table.
+    written += sum("class BatchMLAPagedAttentionWrapper" in text and "\ndef get_batch_mla_module(" in text
+                   for text in texts)
     assert every_op["counts"]["declared"] == written
     assert len(every_op["registered"]) + len(every_op["not_registered"]) == written
     assert all(entry["reason"] and entry["kind"] for entry in every_op["not_registered"].values())

@@ -25,6 +25,7 @@ CHECKS = {
     "declared-op gates and GPU records": "tests/declared/test_declared_gate_values_and_gpu_records.py",
     "attention run parameters": "tests/declared/test_attention_parameters_read_from_sources.py",
     "attention wrappers compiled": "tests/declared/test_attention_wrappers.py",
+    "MLA wrapper compiled": "tests/declared/test_mla_wrapper.py",
 }
 
 

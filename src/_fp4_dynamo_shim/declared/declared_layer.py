@@ -34,6 +34,7 @@ import torch
 
 from . import scan
 from . import build
+from . import built_modules
 from . import rules
 from . import polyfill
 from . import proven
@@ -68,9 +69,10 @@ def _group(declaration: scan.Declaration, record: Optional[dict]) -> str:
     return "proven" if record and declaration.key in record["declarations"] else "all"
 
 
-def _scan(package: Path, gate: str, record: Optional[dict]) -> tuple:
+def _scan(package: Path, gate: str, record: Optional[dict], release: Optional[str]) -> tuple:
     if gate == "all":
-        return scan.scan(package), "every file of the package"
+        scanned = built_modules.extended(scan.scan(package), package, release, lambda key: True)
+        return scanned, "every file of the package"
     # A narrower gate reads only the files of the declarations it can turn on: a full scan costs 0.1-0.8 s.
     modules = {module for module, _ in rules.SGLANG}
     if gate == "proven" and record:
@@ -78,6 +80,8 @@ def _scan(package: Path, gate: str, record: Optional[dict]) -> tuple:
     paths = [package.parent.joinpath(*m.split(".")) for m in sorted(modules)]
     files = [p / "__init__.py" if p.is_dir() else p.with_suffix(".py") for p in paths]
     scanned = scan.scan_files(package, [f for f in files if f.exists()])
+    proven_keys = record["declarations"] if gate == "proven" and record else {}
+    scanned = built_modules.extended(scanned, package, release, lambda key: key in proven_keys)
     return scanned, f"the {gate} gate's modules: " + ", ".join(sorted(modules))
 
 
@@ -173,8 +177,9 @@ def _register(layer: Layer) -> None:
     import flashinfer
 
     layer.proven = proven.PROVEN.get(layer.flashinfer)
+    package = Path(flashinfer.__file__).parent
     try:
-        found, layer.scanned = _scan(Path(flashinfer.__file__).parent, layer.gate, layer.proven)
+        found, layer.scanned = _scan(package, layer.gate, layer.proven, layer.flashinfer)
         registrar = build.Registrar(layer, found.declarations)
         by_getter: Dict[tuple, list] = {}
         for declaration in found.declarations:
@@ -207,6 +212,10 @@ def _register(layer: Layer) -> None:
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
             wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])
+        # A wrapper with no row is said not covered under the gate that would have covered it, as a gated-off
+        # declaration is listed only where the gate reads its module.
+        layer.helpers += built_modules.not_covered(package, layer.flashinfer, {g.__name__ for g in layer.getters},
+                                                   rowless=layer.gate == "all")
         _install_polyfills(layer)
     except BaseException:
         revert(layer)

@@ -192,13 +192,22 @@ ATTENTION_WRAPPED = {
     "batch_decode_paged": ("flashinfer.decode", "BatchDecodeWithPagedKVCacheWrapper"),
     "batch_prefill_paged": ("flashinfer.prefill", "BatchPrefillWithPagedKVCacheWrapper"),
     "batch_prefill_ragged": ("flashinfer.prefill", "BatchPrefillWithRaggedKVCacheWrapper"),
+    # Defined in flashinfer.mla (0.5.3-0.6.7.post2) or flashinfer.mla._core (0.6.8.post1 on), which the package
+    # re-exports: the class is one object either way.
+    "mla_paged": ("flashinfer.mla", "BatchMLAPagedAttentionWrapper"),
 }
+
+
+def _function(row: dict) -> str:
+    """The name a row's run goes by in its getter's result: its Python def's, or where the getter returns the built
+    module (``run=None``: the parameters were read from the C++ function) the module's attribute."""
+    return row["run"] or row["entry"]
 
 
 def _attention_row(release: Optional[str], getter: str, run: str) -> Optional[dict]:
     for key in attention_table.RELEASES.get(release, ()):
         row = attention_table.ROWS[key]
-        if row["getter"] != getter or row["run"] != run:
+        if row["getter"] != getter or _function(row) != run:
             continue
         if set(row["entry_points"]) & (set(ATTENTION_TRACED) | set(ATTENTION_WRAPPED)):
             return row
@@ -216,7 +225,7 @@ def attention_getter_signature(release: Optional[str], module, getter: str, run:
     return inspect.signature(local[getter], eval_str=True)
 
 
-def _kinds(row: dict) -> list:
+def kinds(row: dict) -> list:
     """(name, kind, marks) of each of a row's run parameters: the kind's letter, then its marks (``?`` optional,
     ``t`` read only under the trtllm-gen backend)."""
     return [(name, kind[0], kind[1:]) for name, kind in (p.split(":") for p in row["parameters"].split())]
@@ -225,7 +234,7 @@ def _kinds(row: dict) -> list:
 def attention_written(release: Optional[str], getter: str, run: str) -> Tuple[str, ...]:
     """The tensors ``run`` writes in place, per the table (FlashInfer's ``mutates_args`` and the C++ writes)."""
     row = _attention_row(release, getter, run)
-    return () if row is None else tuple(name for name, kind, _ in _kinds(row) if kind == "w")
+    return () if row is None else tuple(name for name, kind, _ in kinds(row) if kind == "w")
 
 
 def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str, adapters.Adapter]:
@@ -235,9 +244,9 @@ def attention_carried(release: Optional[str], getter: str, run: str) -> Dict[str
     row = _attention_row(release, getter, run)
     if row is None:
         return {}
-    return {**{name: KV_CACHE for name, _, _ in _kinds(row) if name == "paged_kv_cache"},
-            **{name: PLAN_TENSOR for name, kind, _ in _kinds(row) if kind == "l"},
-            **{name: TRTLLM_GEN_ONLY for name, _, marks in _kinds(row) if "t" in marks}}
+    return {**{name: KV_CACHE for name, _, _ in kinds(row) if name == "paged_kv_cache"},
+            **{name: PLAN_TENSOR for name, kind, _ in kinds(row) if kind == "l"},
+            **{name: TRTLLM_GEN_ONLY for name, _, marks in kinds(row) if "t" in marks}}
 
 
 #: An int list that changes with every plan, carried as a CPU int64 tensor: Dynamo guards a tensor's shape, not its
@@ -270,4 +279,15 @@ def attention_wrapped_getters(release: Optional[str], entry_point: str) -> set:
     """The getters whose modules ``entry_point``'s wrapper caches in plan() and whose rows the layer builds from."""
     return {attention_table.ROWS[key]["getter"] for key in attention_table.RELEASES.get(release, ())
             if entry_point in attention_table.ROWS[key]["entry_points"] and _attention_row(
-                release, attention_table.ROWS[key]["getter"], attention_table.ROWS[key]["run"]) is not None}
+                release, attention_table.ROWS[key]["getter"], _function(attention_table.ROWS[key])) is not None}
+
+
+def attention_built_modules(release: Optional[str]) -> Dict[str, str]:
+    """Wrapped entry point -> its row's key, for each run the table read from C++ alone (``run=None``): the getter
+    returns the built module, whose run has no Python def to declare an op from (``declared/built_modules.py``)."""
+    found = {}
+    for key in attention_table.RELEASES.get(release, ()):
+        row = attention_table.ROWS[key]
+        if row["run"] is None:
+            found.update({entry_point: key for entry_point in row["entry_points"] if entry_point in ATTENTION_WRAPPED})
+    return found

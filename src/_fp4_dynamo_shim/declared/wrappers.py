@@ -8,6 +8,8 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   cache (the getter's arguments are its key) and each of its run functions gets a polyfill: the caller the getter's
   polyfill returns for those arguments, which calls the op built from the attention table (``build.getter``). One
   op per run function for every module; its getter arguments are constants of the graph, as for single decode.
+  Where the getter returns the built module itself (MLA's, ``built_modules``), its run is a C++ function object, which
+  takes no polyfill: the wrapper class gets a ``_cached_module`` property instead, carrying that namespace.
 * **The plan.** Python values read from the wrapper are guards on their values: every new batch would recompile.
   The wrapper classes get a property for ``_plan_info`` and each of :data:`LENGTHS`: its setter keeps FlashInfer's value
   where FlashInfer's code reads it, plus the value as compiled code takes it; under tracing the getter returns
@@ -33,6 +35,7 @@ from typing import Dict, Optional
 
 import torch
 
+from . import codegen
 from . import polyfill
 from . import rules
 from .. import switches
@@ -41,6 +44,9 @@ from ..errors import NotExpressibleError
 #: What plan() leaves that run() reads and compiled code must not take as a constant, and how it crosses: the
 #: plan's int list as a tensor; the batch's sizes (handed to the kernel, or compared with q's rows) as symbols.
 PLAN = "_plan_info"
+#: Where plan() caches the module: carried itself by a wrapper whose getter returns the built module, whose run (a
+#: C++ function object) Dynamo cannot substitute.
+MODULE = "_cached_module"
 LENGTHS = ("_batch_size", "_max_q_len", "_max_kv_len", "_qo_indptr_last")
 try:
     from torch.fx.experimental.sym_node import DynamicInt
@@ -58,6 +64,8 @@ class _Application:
     layer: object
     carried: str = dataclasses.field(default_factory=lambda: f"_fp4_dynamo_shim_{next(_applications)}")
     twins: Dict[int, object] = dataclasses.field(default_factory=dict)
+    #: id of a built module -> (the module, kept alive; what compiled code reaches in its place).
+    built: Dict[int, tuple] = dataclasses.field(default_factory=dict)
 
 
 #: The application in force (one layer is applied at a time); None once reverted.
@@ -118,6 +126,38 @@ def _twin(application: _Application, module) -> None:
         return
 
 
+def _refusing(message: str):
+    def refuse(*args, **kwargs):
+        raise NotExpressibleError(message)
+
+    return refuse
+
+
+def _traced_module(module):
+    """A built module as compiled code reaches it: the traced getter's namespace for the arguments its getter cached
+    it under, whose functions call the ops; made once per module. Where the traced getter refuses those arguments,
+    a namespace whose functions raise its reason when compiled; where no registered getter cached the module (the
+    MLA wrapper's cutlass backend), FlashInfer's module, as without the shim."""
+    known = _current.built.get(id(module))
+    if known is not None:
+        return known[1]
+    traced = module
+    for getter, (traced_getter, keys) in _current.layer.getters.items():
+        arguments = _cached_arguments(getter, module)
+        if arguments is None:
+            continue
+        try:
+            traced = traced_getter(*arguments)
+        except NotExpressibleError as refusal:
+            traced = codegen.Namespace({key: _refusing(str(refusal)) for key in keys})
+        except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
+            switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
+                          f"({type(error).__name__}: {error})")
+        break
+    _current.built[id(module)] = (module, traced)
+    return traced
+
+
 def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
     """The property for wrapper attribute ``name``, and its traced getter: eagerly FlashInfer's value where
     FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A value stored
@@ -153,10 +193,19 @@ def _planned(wrapper) -> None:
 
 
 def _wrapped_classes(layer) -> list:
-    """(module, class) of each wrapper whose plan() calls a getter whose ops are registered."""
+    """(entry point, module, class) of each wrapper whose plan() calls a getter whose ops are registered."""
     registered = {getter.__name__ for getter in layer.getters}
-    return [rules.ATTENTION_WRAPPED[entry_point] for entry_point in rules.ATTENTION_WRAPPED
+    return [(entry_point, *rules.ATTENTION_WRAPPED[entry_point]) for entry_point in rules.ATTENTION_WRAPPED
             if rules.attention_wrapped_getters(layer.flashinfer, entry_point) & registered]
+
+
+def _carried(built_module: bool) -> list:
+    """(attribute, how compiled code takes it, what its store does next, whether a value stored before is refused)
+    for a wrapper class. One whose getter returns its built module carries that module's traced twin itself; the
+    others polyfill the cached module's run functions when the plan is stored, and carry the batch's sizes."""
+    if built_module:
+        return [(PLAN, _plan_tensor, None, True), (MODULE, _traced_module, None, True)]
+    return [(PLAN, _plan_tensor, _planned, True)] + [(name, _symbol, None, False) for name in LENGTHS if DynamicInt]
 
 
 def _forget() -> None:
@@ -168,22 +217,22 @@ def install(layer, served) -> None:
     """Give each wrapper class whose getters' ops are registered a property per carried attribute (one the class
     defines itself is left alone); their polyfills go through ``layer.pending`` with the outcomes they ``served``."""
     global _current
-    classes = [(module_name, class_name, getattr(sys.modules[module_name], class_name))
-               for module_name, class_name in _wrapped_classes(layer)]
+    built = rules.attention_built_modules(layer.flashinfer)
+    classes = [(entry_point in built, module_name, class_name, getattr(sys.modules[module_name], class_name))
+               for entry_point, module_name, class_name in _wrapped_classes(layer)]
     if not classes:
         return
     _current = _Application(layer)
     layer.undo.push(_forget)
-    carried = [(PLAN, _plan_tensor, _planned, True)] + [(name, _symbol, None, False) for name in LENGTHS
-                                                         if DynamicInt]
-    for name, carry, after_store, refuse_stale in carried:
-        prop, get, traced = _property(name, carry, after_store, refuse_stale)
-        for module_name, class_name, cls in classes:
-            if name not in vars(cls):
-                setattr(cls, name, prop)
-                layer.undo.push(lambda cls=cls, name=name: delattr(cls, name))
-                layer.helpers.append(f"{module_name}.{class_name}.{name}")
-        layer.pending.append((get, traced, served, f"the attention wrappers' {name}"))
+    for built_module in sorted({c[0] for c in classes}):
+        for name, carry, after_store, refuse_stale in _carried(built_module):
+            prop, get, traced = _property(name, carry, after_store, refuse_stale)
+            for _, module_name, class_name, cls in (c for c in classes if c[0] == built_module):
+                if name not in vars(cls):
+                    setattr(cls, name, prop)
+                    layer.undo.push(lambda cls=cls, name=name: delattr(cls, name))
+                    layer.helpers.append(f"{module_name}.{class_name}.{name}")
+            layer.pending.append((get, traced, served, f"the attention wrappers' {name}"))
     if DynamicInt is None:
         layer.helpers.append(f"the attention wrappers' {', '.join(LENGTHS)} stay guards: torch {torch.__version__} "
                              "has no DynamicInt (a new batch size recompiles)")
