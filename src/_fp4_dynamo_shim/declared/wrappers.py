@@ -111,19 +111,31 @@ def _twin(application: _Application, module) -> None:
     if module is None or id(module) in application.twins:
         return
     application.twins[id(module)] = module
-    layer = application.layer
+    found = _cached_by(application.layer, module)
+    if found is None:
+        return
+    getter, traced_getter, keys, arguments = found
+    try:
+        traced = traced_getter(*arguments)
+        for key in keys:
+            application.layer.undo.push(polyfill.install(getattr(module, key), getattr(traced, key)))
+    except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
+        _untraceable(getter, arguments, error)
+
+
+def _cached_by(layer, module) -> Optional[tuple]:
+    """(getter, its traced getter, the run functions' keys, the arguments it cached ``module`` under) for the
+    registered getter that cached ``module``, or None."""
     for getter, (traced_getter, keys) in layer.getters.items():
         arguments = _cached_arguments(getter, module)
-        if arguments is None:
-            continue
-        try:
-            traced = traced_getter(*arguments)
-            for key in keys:
-                layer.undo.push(polyfill.install(getattr(module, key), getattr(traced, key)))
-        except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
-            switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
-                          f"({type(error).__name__}: {error})")
-        return
+        if arguments is not None:
+            return getter, traced_getter, keys, arguments
+    return None
+
+
+def _untraceable(getter, arguments, error) -> None:
+    switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
+                  f"({type(error).__name__}: {error})")
 
 
 def _refusing(message: str):
@@ -141,19 +153,15 @@ def _traced_module(module):
     known = _current.built.get(id(module))
     if known is not None:
         return known[1]
-    traced = module
-    for getter, (traced_getter, keys) in _current.layer.getters.items():
-        arguments = _cached_arguments(getter, module)
-        if arguments is None:
-            continue
+    traced, found = module, _cached_by(_current.layer, module)
+    if found is not None:
+        getter, traced_getter, keys, arguments = found
         try:
             traced = traced_getter(*arguments)
         except NotExpressibleError as refusal:
             traced = codegen.Namespace({key: _refusing(str(refusal)) for key in keys})
         except Exception as error:  # the run stays FlashInfer's: compiling it fails as without the shim
-            switches.warn(f"fp4_dynamo_shim: {getter.__name__}{arguments}'s run functions stay untraceable "
-                          f"({type(error).__name__}: {error})")
-        break
+            _untraceable(getter, arguments, error)
     _current.built[id(module)] = (module, traced)
     return traced
 
