@@ -143,9 +143,10 @@ def test_every_listed_survivor_and_every_sampled_mutant_belongs_to_a_grouped_mod
     sample = run_mutmut.read_killed_sample()
     assert [name for name in [*listed, *sample] if run_mutmut.module_of(name) is None] == []
     assert set(sample).isdisjoint(listed), "a listed survivor is not a killed mutant"
-    # CI draws its groups by the commit's seed: each group must have mutants to draw
+    # CI draws its groups by the commit's seed: each group must have mutants to draw, but one whose tests CI's
+    # FlashInfer skips (ci_sample = false)
     assert {run_mutmut.group_of_module(run_mutmut.module_of(name)).name for name in sample} == {
-        group.name for group in run_mutmut.GROUPS}
+        group.name for group in run_mutmut.GROUPS if group.ci_sample}
 
 
 def test_every_test_a_mutmut_group_selects_exists():

@@ -58,6 +58,7 @@ class Group:
     modules: dict
     tests: tuple
     most_children: int = 2  # mutants at once
+    ci_sample: bool = True  # False where CI's FlashInfer skips the group's tests: nothing to draw for CI
 
     @property
     def slug(self) -> str:
@@ -69,7 +70,7 @@ def read_groups(path: Path = HERE / "groups.toml") -> tuple:
     deselected = lambda names: [argument for name in names for test in document["deselect"].get(name, [name])
                                 for argument in ("--deselect", test)]
     return tuple(Group(g["name"], g["modules"], (*g["tests"], *deselected(g.get("deselect", ()))),
-                       g.get("most_children", 2)) for g in document["group"])
+                       g.get("most_children", 2), g.get("ci_sample", True)) for g in document["group"])
 
 
 GROUPS = read_groups()
@@ -242,7 +243,7 @@ def write_killed_sample(record: dict, path: Path = KILLED_SAMPLE) -> None:
             if group_of_module(module_of(n)).name not in record["groups"]]
     drawn = []
     for group in GROUPS:
-        if group.name in record["groups"]:
+        if group.name in record["groups"] and group.ci_sample:
             killed = sorted(n for n, s in record["mutants"].items() if module_of(n) in group.modules and s in KILLED)
             drawn += random.Random(17).sample(killed, min(SAMPLE_PER_GROUP, len(killed)))
     path.write_text("# Mutants that the last full run of their group killed (run_mutmut.py --save draws them); CI "
