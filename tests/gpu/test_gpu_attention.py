@@ -4,12 +4,15 @@ through ``declared_checks.check`` (fullgraph with 0 graph breaks, Inductor bit-i
 replay equal, ``opcheck`` on the op it reaches), and twenty decode steps with a growing KV cache compiled at most
 twice (once per distinct shape set: automatic dynamic shapes), every step equal to eager.
 
-The wrappers' section below runs each batch wrapper the same way (plan() eager, run() compiled).
+The wrappers' section below runs each batch wrapper the same way (plan() eager, run() compiled): decode,
+prefill paged and ragged, and MLA paged where its run is an op (0.5.3-0.6.x).
 
 The first call builds each JIT module (minutes for the six on the H200, FlashInfer 0.6.12): allow for it.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -81,11 +84,13 @@ def test_twenty_decode_steps_with_a_growing_kv_cache_compile_at_most_twice(every
 # with stand-in modules is tests/declared/test_attention_wrappers.py.
 
 HEADS, KV_HEADS, DIM, PAGE, PAGES, BATCH = 8, 2, 128, 16, 256, 4
+CKV, KPE = 512, 64  # MLA's compressed KV and rope dimensions (DeepSeek's, FlashInfer's own MLA tests)
 WRAPPERS = [("decode", "fa2", False), ("decode", "fa2", True), ("decode_tensor_cores", "fa2", False),
             ("decode_tensor_cores", "fa2", True), ("prefill_paged", "fa2", False), ("prefill_paged", "fa2", True),
             ("prefill_ragged", "fa2", False), ("prefill_ragged", "fa2", True)]
+WRAPPERS += [("mla", "fa2", False), ("mla", "fa2", True)]
 WRAPPERS += [pytest.param(kind, "fa3", graph, marks=pytest.mark.skipif(not ON_SM90, reason="fa3 is SM90's"))
-             for kind in ("prefill_paged", "prefill_ragged") for graph in (False, True)]
+             for kind in ("prefill_paged", "prefill_ragged", "mla") for graph in (False, True)]
 # trtllm-gen's decode kernels are built for SM100 only: on the H200 these are skipped; its CPU counterpart with a
 # stand-in module is tests/declared/test_trtllm_gen_decode_wrapper.py.
 WRAPPERS += [pytest.param("decode", "trtllm-gen", False, marks=pytest.mark.skipif(
@@ -93,11 +98,17 @@ WRAPPERS += [pytest.param("decode", "trtllm-gen", False, marks=pytest.mark.skipi
 
 
 def _attention_wrapper(kind, backend, use_cuda_graph):
-    import flashinfer
+    import flashinfer.mla
 
     workspace = torch.zeros(128 << 20, dtype=torch.uint8, device="cuda")
     i32 = dict(dtype=torch.int32, device="cuda")
     graph = {}
+    if kind == "mla":
+        if use_cuda_graph:
+            graph = dict(qo_indptr=torch.zeros(BATCH + 1, **i32), kv_indptr=torch.zeros(BATCH + 1, **i32),
+                         kv_indices=torch.zeros(PAGES, **i32), kv_len_arr=torch.zeros(BATCH, **i32))
+        return flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, use_cuda_graph=use_cuda_graph, backend=backend,
+                                                            **graph)
     if kind.startswith("decode"):
         if use_cuda_graph:
             graph = dict(paged_kv_indptr_buffer=torch.zeros(BATCH + 1, **i32),
@@ -131,7 +142,11 @@ def _attention_plan(wrapper, kind, pages, rows):
         wrapper.plan(indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, **dtypes)
         return len(pages)
     qo_indptr = torch.tensor([0, *rows], **i32).cumsum(0, dtype=torch.int32)
-    if kind == "prefill_paged":
+    if kind == "mla":  # the sequence lengths the pages hold; the scale of DeepSeek's head before absorption
+        kv_lens = (indptr[1:] - indptr[:-1] - 1) * PAGE + last
+        wrapper.plan(qo_indptr, indptr, indices, kv_lens, HEADS, CKV, KPE, PAGE, True, 1 / math.sqrt(128 + 64),
+                     torch.bfloat16, torch.bfloat16)
+    elif kind == "prefill_paged":
         wrapper.plan(qo_indptr, indptr, indices, last, HEADS, KV_HEADS, DIM, PAGE, causal=True, **dtypes)
     else:
         kv_lens = [max(p * PAGE, r) for p, r in zip(pages, rows)]
@@ -140,7 +155,19 @@ def _attention_plan(wrapper, kind, pages, rows):
     return int(qo_indptr[-1])
 
 
+def _attention_cache(kind):
+    shapes = [(PAGES, PAGE, CKV), (PAGES, PAGE, KPE)] if kind == "mla" else [(PAGES, PAGE, KV_HEADS, DIM)] * 2
+    return tuple(torch.randn(shape, dtype=torch.bfloat16, device="cuda") for shape in shapes)
+
+
+def _attention_query(kind, rows):
+    """MLA's q_nope and q_pe are views of one tensor, as SGLang passes them: one tensor for every kind."""
+    return torch.randn(rows, HEADS, CKV + KPE if kind == "mla" else DIM, dtype=torch.bfloat16, device="cuda")
+
+
 def _attention_call(wrapper, kind, cache):
+    if kind == "mla":
+        return lambda q: wrapper.run(q[..., :CKV], q[..., CKV:], *cache, return_lse=True)
     if kind == "prefill_ragged":
         keys, values = (c.flatten(0, 1) for c in cache)
         return lambda q: wrapper.run(q, keys, values, return_lse=True)
@@ -151,7 +178,14 @@ def _attention_call(wrapper, kind, cache):
 PUBLIC = {"decode": "decode.BatchDecodeWithPagedKVCacheWrapper.run",
           "decode_tensor_cores": "decode.BatchDecodeWithPagedKVCacheWrapper.run",
           "prefill_paged": "prefill.BatchPrefillWithPagedKVCacheWrapper.run",
-          "prefill_ragged": "prefill.BatchPrefillWithRaggedKVCacheWrapper.run"}
+          "prefill_ragged": "prefill.BatchPrefillWithRaggedKVCacheWrapper.run",
+          "mla": "mla.BatchMLAPagedAttentionWrapper.run"}
+MLA_RUN = "get_batch_mla_module.run"
+
+
+def _covered(layer, kind):
+    if kind == "mla" and not any(key.endswith(MLA_RUN) for key in layer["registered"]):
+        pytest.skip("FlashInfer's MLA wrapper is an op on 0.5.3-0.6.x only (status() lists it as not covered)")
 
 
 @pytest.mark.parametrize("kind, backend, use_cuda_graph", WRAPPERS)
@@ -159,13 +193,14 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
         every_op, record_property, kind, backend, use_cuda_graph):
     import torch._dynamo.testing
 
+    _covered(every_op, kind)
     record_property("function", PUBLIC[kind])  # the GPU record: which function this run proves, through what op
     torch.manual_seed(0)
     wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
-    cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    cache = _attention_cache(kind)
     call = _attention_call(wrapper, kind, cache)
     rows = _attention_plan(wrapper, kind, [3, 5, 2, 7], [4, 1, 6, 3])
-    q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+    q = _attention_query(kind, rows)
     counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
     torch._dynamo.reset()
     compiled = torch.compile(call, fullgraph=True, backend=counter)
@@ -177,9 +212,11 @@ def test_wrapper_run_traces_compiles_bit_exact_replays_after_a_new_plan_and_pass
     opcheck = declared_checks._opcheck(call, (q,))  # the ops a compiled call reaches, with its arguments
     assert opcheck != "no shim op ran" and all(value is True for value in opcheck.values()), opcheck
     # The caller's own out=, with the cache as one tensor whose K and V are views of it (FlashInfer's own tests).
-    combined = torch.stack(cache, 1)
+    combined = torch.stack(cache, 1) if kind != "mla" else None
     into = ((lambda q, out: wrapper.run(q, combined[:, 0].flatten(0, 1), combined[:, 1].flatten(0, 1), out=out))
             if kind == "prefill_ragged" else (lambda q, out: wrapper.run(q, combined, out=out)))
+    if kind == "mla":
+        into = lambda q, out: wrapper.run(q[..., :CKV], q[..., CKV:], *cache, out=out)  # noqa: E731
     written = torch.full_like(eager[0], float("nan"))
     torch.compile(into, fullgraph=True)(q, written)
     assert torch.equal(written, into(q, torch.empty_like(written)))
@@ -205,10 +242,11 @@ def test_twenty_wrapper_steps_with_changing_batches_never_recompile(every_op, re
                                                                     use_cuda_graph):
     import random
 
+    _covered(every_op, kind)
     record_property("function", PUBLIC[kind])
     rng = random.Random(0)
     wrapper = _attention_wrapper(kind, backend, use_cuda_graph)
-    cache = tuple(torch.randn(PAGES, PAGE, KV_HEADS, DIM, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    cache = _attention_cache(kind)
     call = _attention_call(wrapper, kind, cache)
     torch._dynamo.reset()  # no eager run first: the first run of a process compiles once too
     compiled = torch.compile(call, fullgraph=True, backend="inductor", dynamic=not use_cuda_graph)
@@ -217,7 +255,7 @@ def test_twenty_wrapper_steps_with_changing_batches_never_recompile(every_op, re
             batch = BATCH if use_cuda_graph else rng.randint(2, BATCH)
             rows = _attention_plan(wrapper, kind, [rng.randint(2, 12) for _ in range(batch)],
                                    [rng.randint(2, 9) if not use_cuda_graph else 3 for _ in range(batch)])
-            q = torch.randn(rows, HEADS, DIM, dtype=torch.bfloat16, device="cuda")
+            q = _attention_query(kind, rows)
             assert all(torch.equal(a, b) for a, b in zip(compiled(q), call(q))), step
     record_property("compiles", compiles.count)
     record_property("recompiled_for", " | ".join(compiles.recompiled_for)[:2000])

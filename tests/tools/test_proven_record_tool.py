@@ -69,6 +69,8 @@ def test_add_keeps_the_earlier_run_and_takes_out_what_a_failing_function_reaches
     assert (again["date"], again["shim"]) == ("2026-12-04, 2026-12-05", "0f1c2b4, 5c1e2a0")  # each named once
 
 
-def test_add_refuses_a_run_on_another_machine(tool):
-    with pytest.raises(SystemExit, match="measure both on one machine"):
-        tool._added(_release("2026-12-04", "a", {}), _release("2026-12-05", "b", {}, machine="NVIDIA B200"), set())
+def test_add_names_each_machine_and_refuses_a_run_with_another_torch(tool):
+    h100 = _release("2026-12-05", "b", {}, machine="NVIDIA H100 80GB HBM3")
+    assert tool._added(_release("2026-12-04", "a", {}), h100, set())["machine"] == "NVIDIA H200, NVIDIA H100 80GB HBM3"
+    with pytest.raises(SystemExit, match="measure both with one torch"):
+        tool._added(_release("2026-12-04", "a", {}), dict(h100, torch="2.12.0+cu130"), set())

@@ -76,10 +76,12 @@ def reached_declarations() -> tuple:
     import torch._dynamo  # noqa: F401  (the layer registers when Dynamo is imported)
 
     declared_layer.CAPABILITIES.setdefault(0, (9, 0))  # no GPU to ask: the H200's answer
-    from _fp4_dynamo_shim.declared import scan
+    from _fp4_dynamo_shim.declared import built_modules, scan
     import flashinfer
 
-    modules = {d.key: d.module for d in scan.scan(Path(flashinfer.__file__).parent).declarations}
+    package = Path(flashinfer.__file__).parent  # what gate=all reads: the scan and the built modules' runs
+    scanned = built_modules.extended(scan.scan(package), package, flashinfer.__version__, lambda key: True)
+    modules = {d.key: d.module for d in scanned.declarations}
     registered = fp4_dynamo_shim.status()["flashinfer_ops"]["registered"]  # declaration key -> op
     key_of = {op.split("::")[1]: key for key, op in registered.items()}
     reached = {}
@@ -102,16 +104,17 @@ def _added(earlier: dict, run: dict, failing: set) -> dict:
     """The release's record with a second run's functions added (a GPU test file run on its own, at another
     commit): both runs' dates and commits, their counts summed, a declaration this run's failing function reaches
     taken out."""
-    if (earlier["machine"], earlier["torch"]) != (run["machine"], run["torch"]):
-        raise SystemExit(f"--add: the earlier run was on {earlier['machine']} with torch {earlier['torch']}; "
-                         "measure both on one machine and torch, or record this run alone")
+    if earlier["torch"] != run["torch"]:
+        raise SystemExit(f"--add: the earlier run used torch {earlier['torch']}, this one {run['torch']}; measure both "
+                         "with one torch, or record this run alone")
     joined = lambda field: ", ".join(dict.fromkeys(f"{earlier[field]}, {run[field]}".split(", ")))  # noqa: E731
     declarations = {key: dict(entry, functions=list(entry["functions"]))
                     for key, entry in earlier["declarations"].items() if key not in failing}
     for key, entry in run["declarations"].items():
         functions = declarations.setdefault(key, dict(entry, functions=[]))["functions"]
         functions.extend(name for name in entry["functions"] if name not in functions)
-    return {**run, "date": joined("date"), "shim": joined("shim"), "declarations": declarations,
+    return {**run, "date": joined("date"), "machine": joined("machine"), "shim": joined("shim"),
+            "declarations": declarations,
             "functions_passed": earlier["functions_passed"] + run["functions_passed"],
             "functions_run": earlier["functions_run"] + run["functions_run"]}
 
