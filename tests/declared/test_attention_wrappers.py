@@ -30,6 +30,7 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
+from _fp4_dynamo_shim.declared.proven import PROVEN
 from helpers import Compiles, apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
@@ -121,6 +122,16 @@ def _clear_getters():
     flashinfer.prefill.get_batch_prefill_module.cache_clear()
 
 
+def _stand_in_modules(patch, calls: list) -> None:
+    spec = lambda *a: RecordingSpec(StandInModule(calls))  # noqa: E731
+    patch.setattr(flashinfer.decode, "gen_batch_decode_module", spec)
+    for name in ("_gen_batch_prefill_primary_module", "_gen_batch_prefill_independent_paged_module",
+                 "gen_batch_prefill_module"):  # the first two are 0.7.x's
+        if hasattr(flashinfer.prefill, name):
+            patch.setattr(flashinfer.prefill, name, spec)
+    _clear_getters()
+
+
 @pytest.fixture(scope="module")
 def attention():
     """Every declared op on (gate ``all``), with the stand-in JIT modules; yields the stand-ins' call record."""
@@ -128,13 +139,7 @@ def attention():
     with pytest.MonkeyPatch.context() as patch:
         status = apply_with(patch, FLASHINFER_OPS="all")
         assert status["applied"], status["problem"]
-        spec = lambda *a: RecordingSpec(StandInModule(calls))  # noqa: E731
-        patch.setattr(flashinfer.decode, "gen_batch_decode_module", spec)
-        for name in ("_gen_batch_prefill_primary_module", "_gen_batch_prefill_independent_paged_module",
-                     "gen_batch_prefill_module"):  # the first two are 0.7.x's
-            if hasattr(flashinfer.prefill, name):
-                patch.setattr(flashinfer.prefill, name, spec)
-        _clear_getters()
+        _stand_in_modules(patch, calls)
         yield {"calls": calls, "status": status["flashinfer_ops"]}
         _clear_getters()
     fp4_dynamo_shim.revert()
@@ -402,8 +407,27 @@ def test_a_wrapper_never_planned_has_no_plan_as_without_the_shim(attention):
         wrapper._plan_info
 
 
-def test_under_the_default_gate_the_wrapper_does_not_trace_until_a_gpu_run_proves_it(monkeypatch):
+def test_under_the_default_gate_a_wrapper_traces_exactly_when_a_gpu_run_proved_its_run(monkeypatch):
+    """A run the release's GPU record proves is an op under the default gate, and compiles to it; any other stays
+    FlashInfer's (its wrapper unchanged), with the reason in status()."""
     status = apply_with(monkeypatch, FLASHINFER_OPS=None)
     assert status["applied"], status["problem"]
-    assert not {case.key for case in CASES.values()} & set(status["flashinfer_ops"]["registered"])
-    assert not any("_plan_info" in vars(case.wrapper) for case in CASES.values())
+    ops, proven_keys = status["flashinfer_ops"], set(PROVEN.get(flashinfer.__version__, {}).get("declarations", ()))
+    traced_classes = {case.wrapper for case in CASES.values() if case.key in proven_keys}
+    for kind, case in CASES.items():
+        assert (case.key in ops["registered"]) == (case.key in proven_keys), kind
+        assert ("_plan_info" in vars(case.wrapper)) == (case.wrapper in traced_classes), kind
+        if case.key not in proven_keys and case.key in ops["not_registered"]:
+            assert "FLASHINFER_OPS=proven (the default)" in ops["not_registered"][case.key]["reason"], kind
+    with pytest.MonkeyPatch.context() as patch:
+        _stand_in_modules(patch, [])
+        for kind in [kind for kind, case in CASES.items() if case.key in proven_keys]:
+            wrapper, cache = _wrapper(kind), _cache()
+            rows = _plan(wrapper, [2, 3, 1])
+            torch._dynamo.reset()
+            backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+            torch.compile(lambda q: CASES[kind].run(wrapper, q, cache), fullgraph=True, backend=backend)(_query(rows))
+            assert [str(node.target) for graph in backend.graphs for node in graph.graph.nodes
+                    if declared_layer.NAMESPACE in str(node.target)] == [
+                f"{ops['registered'][CASES[kind].key].replace('::', '.')}.default"], kind
+    _clear_getters()
