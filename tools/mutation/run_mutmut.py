@@ -9,7 +9,7 @@ still exist and still survive. The tree keeps the score per module (scores.md) a
 
     python tools/mutation/run_mutmut.py [--module layout] --save     # every group, or the one holding a module
     python tools/mutation/run_mutmut.py --module layout --survivors --save   # what the last run left standing
-    python tools/mutation/run_mutmut.py --sample 40 --sample-groups 3 --seed N   # CI's stage
+    python tools/mutation/run_mutmut.py --sample 15 --sample-groups 3 --seed N   # CI's stage
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
@@ -45,7 +45,7 @@ KILLED_SAMPLE = HERE / "killed_sample.txt"
 RESULTS = ROOT / ".mutation" / "results.json"
 STATS = ROOT / ".mutation" / "stats"
 #: Mutants per group that a full run writes to killed_sample.txt.
-SAMPLE_PER_GROUP = 10
+SAMPLE_PER_GROUP = 5
 sys.path.insert(0, str(HERE))
 from run_mutations import copy_project  # noqa: E402
 
