@@ -61,6 +61,11 @@ def main(out: Path, architecture: str, names: list) -> int:
     unknown = sorted(set(names) - set(CASES))
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; the cases are {', '.join(CASES)}")
+    shimmed = [name for name in names if "FP4_DYNAMO_SHIM_DISABLE" not in CASES[name][1]]
+    if shimmed and not _scheduler_route():
+        raise SystemExit(f"{', '.join(shimmed)}: no route reaches SGLang's scheduler (the shim's plugin entry point "
+                         "or its .pth hook): install the shim as a wheel (tools/gpu/stage.sh shim), or those cases "
+                         "measure SGLang without it")
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "gpu"))
     import test_gpu_engine as engine_test  # its engine runner and checkpoints (on the GPU machine only)
@@ -84,7 +89,20 @@ def main(out: Path, architecture: str, names: list) -> int:
             (out / f"{name}.log").write_text(run["log_text"][-300000:])
             (out / "breaks.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
-    return 0
+    unapplied = [name for name in shimmed if not all(summary[name]["shim_applied"] or [False])]
+    if unapplied:
+        print(f"the shim was not applied in every scheduler of {', '.join(unapplied)}: not a measurement of it",
+              file=sys.stderr)
+    return 1 if unapplied else 0
+
+
+def _scheduler_route() -> bool:
+    """Whether a spawned SGLang scheduler can apply the shim: its plugin entry point or its .pth hook installed."""
+    from _fp4_dynamo_shim import startup_files
+    from _fp4_dynamo_shim.sglang import sglang_releases
+
+    routes = startup_files.installed_routes()
+    return bool(sglang_releases.plugin_entry_point() or routes["pth"] or routes["hook_pth"])
 
 
 if __name__ == "__main__":
