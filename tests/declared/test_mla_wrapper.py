@@ -30,6 +30,7 @@ import torch._dynamo.testing
 
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.declared import declared_layer
+from _fp4_dynamo_shim.declared.proven import PROVEN
 from helpers import Compiles, apply_with, eager_then_compiled
 from stand_in_gpu import RecordingSpec
 
@@ -312,3 +313,27 @@ def test_revert_takes_the_wrapper_back_and_compiling_fails_again_as_without_the_
         torch.compile(lambda q: _run(wrapper, q, cache), fullgraph=True, backend="aot_eager")(_query(rows))
     rows = _plan(wrapper, [3, 1])
     torch.compile(lambda q: _run(wrapper, q, cache), fullgraph=True, backend="aot_eager")(_query(rows))
+
+
+def test_under_the_default_gate_the_run_is_an_op_exactly_where_a_gpu_run_proved_it(monkeypatch):
+    """The default gate registers the run where the release's GPU record proves it (0.6.12), and a compiled run
+    then reaches the op; elsewhere the wrapper stays FlashInfer's."""
+    status = apply_with(monkeypatch, FLASHINFER_OPS=None)
+    assert status["applied"], status["problem"]
+    proven = RUN in PROVEN.get(flashinfer.__version__, {}).get("declarations", {})
+    assert (RUN in status["flashinfer_ops"]["registered"]) == proven
+    assert ("_cached_module" in vars(WRAPPER)) == proven
+    if proven:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(MODULE, "gen_batch_mla_module", lambda *a: RecordingSpec(StandInMLAModule([])))
+            MODULE.get_batch_mla_module.cache_clear()
+            wrapper, cache = _wrapper(), _cache()
+            rows = _plan(wrapper, [2, 3, 1], rows=[1, 2, 1])
+            backend = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+            torch.compile(lambda q: _run(wrapper, q, cache), fullgraph=True, backend=backend)(_query(rows))
+            targets = [str(node.target) for graph in backend.graphs for node in graph.graph.nodes
+                       if declared_layer.NAMESPACE in str(node.target)]
+            assert targets == [f"{declared_layer.NAMESPACE}.batch_mla_run.default"]
+        MODULE.get_batch_mla_module.cache_clear()
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()
