@@ -98,12 +98,19 @@ def _plan_tensor(value):
         values = tuple(value)
     except TypeError:
         return value
-    return _tensor_of(values) if all(type(v) is int for v in values) else value
+    return _tensor_of(values) if set(map(type, values)) <= {int} else value
 
 
 def _symbol(value):
     """A size as compiled code takes it: an int as a DynamicInt (a symbol, not a constant); anything else as it is."""
-    return DynamicInt(value) if type(value) is int else value
+    return _dynamic_int(value) if type(value) is int else value
+
+
+@functools.lru_cache(maxsize=4096)
+def _dynamic_int(value: int):
+    """One DynamicInt per value, shared (an int is immutable, and Dynamo makes one symbol per attribute it reads,
+    not per object): a cache hit costs plan() a tenth of making one, four times per plan."""
+    return DynamicInt(value)
 
 
 def _twin(application: _Application, module) -> None:
