@@ -1,4 +1,4 @@
-"""The per-release table of the attention JIT modules' run parameters (``declared/attention_table.py``) is what
+"""The per-release table of the attention JIT modules' run parameters (``declared/attention_table.json``) is what
 ``tools/attention_table.py`` reads from FlashInfer's own sources: the installed release's row is read again here
 and compared (the FlashInfer matrix runs this file against each release), and the file is the tool's own output,
 not edited by hand."""
