@@ -102,8 +102,8 @@ def reached_declarations() -> tuple:
 
 def _added(earlier: dict, run: dict, failing: set) -> dict:
     """The release's record with a second run's functions added (a GPU test file run on its own, at another
-    commit): both runs' dates and commits, their counts summed, a declaration this run's failing function reaches
-    taken out."""
+    commit or on another machine, with the same torch): both runs' dates, machines and commits, their counts summed
+    (a function both runs passed counts twice), a declaration this run's failing function reaches taken out."""
     if earlier["torch"] != run["torch"]:
         raise SystemExit(f"--add: the earlier run used torch {earlier['torch']}, this one {run['torch']}; measure both "
                          "with one torch, or record this run alone")
