@@ -27,7 +27,6 @@ asks for ``plan()`` again.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gc
 import itertools
 import sys
@@ -84,33 +83,46 @@ def _cached_arguments(getter, module) -> Optional[tuple]:
     return None
 
 
-@functools.lru_cache(maxsize=1024)
-def _tensor_of(values: tuple) -> torch.Tensor:
-    """One CPU int64 tensor per distinct plan, shared: nothing writes it (the kernel reads it back as a list), and a
-    cache hit costs plan() a tenth of making one."""
-    return torch.tensor(values, dtype=torch.int64)
+#: One CPU int64 tensor per distinct plan, shared: nothing writes it (the kernel reads it back as a list), and a
+#: hit costs plan() a tenth of making one. Cleared when full (plans repeat: a serving loop has few distinct ones).
+_plan_tensors: Dict[tuple, torch.Tensor] = {}
+#: One DynamicInt per size value, shared (an int is immutable, and Dynamo makes one symbol per attribute it reads,
+#: not per object), for the same reason: four per plan.
+_dynamic_ints: Dict[int, object] = {}
+_CACHED = 4096
 
 
 def _plan_tensor(value):
     """The plan as the op takes it: a CPU int64 tensor of an int list; anything else (None, a backend's plan of
-    tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly."""
+    tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly. Only a list whose sum is an
+    int is looked up (a float or a tensor in it makes the sum one: a float plan never meets an equal int plan's
+    tensor), and only one of ints alone is stored."""
     try:
         values = tuple(value)
+        if type(sum(values)) is not int:
+            return value
     except TypeError:
         return value
-    return _tensor_of(values) if set(map(type, values)) <= {int} else value
+    tensor = _plan_tensors.get(values)
+    if tensor is None:
+        if not set(map(type, values)) <= {int}:
+            return value
+        if len(_plan_tensors) >= _CACHED:
+            _plan_tensors.clear()
+        tensor = _plan_tensors[values] = torch.tensor(values, dtype=torch.int64)
+    return tensor
 
 
 def _symbol(value):
     """A size as compiled code takes it: an int as a DynamicInt (a symbol, not a constant); anything else as it is."""
-    return _dynamic_int(value) if type(value) is int else value
-
-
-@functools.lru_cache(maxsize=4096)
-def _dynamic_int(value: int):
-    """One DynamicInt per value, shared (an int is immutable, and Dynamo makes one symbol per attribute it reads,
-    not per object): a cache hit costs plan() a tenth of making one, four times per plan."""
-    return DynamicInt(value)
+    if type(value) is not int:
+        return value
+    symbol = _dynamic_ints.get(value)
+    if symbol is None:
+        if len(_dynamic_ints) >= _CACHED:
+            _dynamic_ints.clear()
+        symbol = _dynamic_ints[value] = DynamicInt(value)
+    return symbol
 
 
 def _twin(application: _Application, module) -> None:
@@ -178,6 +190,8 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
     FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A value stored
     before this application is read as it is (a guard, as without the shim), or with ``refuse_stale`` refused:
     a plan stored then has a module without polyfills."""
+    carried = _current.carried + name  # made once: plan() stores through this setter on every call
+
     def get(wrapper):
         try:
             return wrapper.__dict__[name]
@@ -185,19 +199,20 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
             raise AttributeError(f"{type(wrapper).__name__!r} object has no attribute {name!r}") from None
 
     def put(wrapper, value) -> None:
-        wrapper.__dict__[name] = value
-        wrapper.__dict__[_current.carried + name] = carry(value)
+        state = wrapper.__dict__
+        state[name] = value
+        state[carried] = carry(value)
         if after_store is not None:
             after_store(wrapper)
 
     def traced(wrapper):
-        if not hasattr(wrapper, _current.carried + name):
+        if not hasattr(wrapper, carried):
             if not refuse_stale:
                 return get(wrapper)
             raise NotExpressibleError(
                 f"fp4_dynamo_shim: this {type(wrapper).__name__} was planned before the shim applied: call plan() "
                 "again before compiling run()")
-        return getattr(wrapper, _current.carried + name)
+        return getattr(wrapper, carried)
 
     return property(get, put), get, traced
 
