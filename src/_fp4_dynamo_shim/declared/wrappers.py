@@ -96,9 +96,11 @@ def _plan_tensor(value):
     """The plan as the op takes it: a CPU int64 tensor of an int list; anything else (None, a backend's plan of
     tensors) as it is, for FlashInfer's code to read under tracing as it does eagerly. Only a list whose sum is an
     int is looked up (a float or a tensor in it makes the sum one: a float plan never meets an equal int plan's
-    tensor), and only one of ints alone is stored."""
+    tensor), and only one of ints alone is stored. FlashInfer 0.6's plan is a tvm-ffi ``Array``: one slice reads it
+    (a list), where iterating it makes foreign calls per element: 13.5 us for a plan of 15 against 4.8 us for the
+    whole of this function, on a 2-core CPU machine."""
     try:
-        values = tuple(value)
+        values = tuple(value[:])
         if type(sum(values)) is not int:
             return value
     except TypeError:
