@@ -183,7 +183,18 @@ def run_group(group: Group, names, scratch: Path) -> tuple:
     if (tree / "mutants" / "mutmut-stats.json").exists() and names is None:
         STATS.mkdir(parents=True, exist_ok=True)
         shutil.copy(tree / "mutants" / "mutmut-stats.json", stats)
-    return ({} if run.returncode else outcome), diffs, time.perf_counter() - started, log.read_text()[-3000:]
+    return ({} if run.returncode else outcome), diffs, time.perf_counter() - started, log_tail(log.read_text())
+
+
+def log_tail(text: str, lines: int = 60) -> str:
+    """mutmut's last lines without its spinner's frames, which fill the log (one per tenth of a second) and
+    would push a failing clean run's pytest report out of any fixed tail."""
+    kept = [line for line in re.split(r"[\r\n]+", text) if line.strip() and line.lstrip()[:1] not in SPINNER]
+    return "\n".join(kept[-lines:])
+
+
+#: The frames of mutmut's progress spinner.
+SPINNER = frozenset("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
 
 
 def commit() -> str:
