@@ -78,8 +78,16 @@ def copy_project(destination: Path) -> Path:
     return destination
 
 
+def compile_caches_of(tree: Path) -> dict:
+    """Torch's compile caches for the tests run in ``tree``, apart from every other run's: torch keys a cached
+    graph by its code, not by the fakes and schemas of the ops it calls, which a mutant changes, so a graph
+    compiled under one mutant would be loaded for the next run (kernels, keyed by their own source, are kept)."""
+    return {"TORCHINDUCTOR_CACHE_DIR": str(tree / ".inductor"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+            "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+
+
 def _environment(tree: Path) -> dict:
-    environment = dict(os.environ)
+    environment = {**os.environ, **compile_caches_of(tree)}
     environment.pop("FP4_DYNAMO_SHIM", None)
     environment.pop("PYTEST_ADDOPTS", None)  # CI's JUnit option for its own stages
     environment["PYTHONPATH"] = os.pathsep.join(p for p in (str(tree / "src"), environment.get("PYTHONPATH")) if p)
@@ -109,6 +117,8 @@ PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor
 
 
 def preload() -> None:
+    # Inductor reads its cache switches when its config is imported, here, not in the forks.
+    os.environ.update({k: v for k, v in compile_caches_of(ROOT).items() if k != "TORCHINDUCTOR_CACHE_DIR"})
     for name in PRELOADED:
         try:
             importlib.import_module(name)

@@ -47,7 +47,7 @@ STATS = ROOT / ".mutation" / "stats"
 #: Mutants per group that a full run writes to killed_sample.txt.
 SAMPLE_PER_GROUP = 5
 sys.path.insert(0, str(HERE))
-from run_mutations import copy_project  # noqa: E402
+from run_mutations import compile_caches_of, copy_project  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +155,7 @@ def mutmut(tree: Path, *arguments, log=None) -> subprocess.CompletedProcess:
     environment = {k: v for k, v in os.environ.items() if k not in ("FP4_DYNAMO_SHIM", "MUTANT_UNDER_TEST")}
     environment.setdefault("OMP_NUM_THREADS", "1")  # two cores, shared: one thread per mutant
     environment["PYTHONDONTWRITEBYTECODE"] = "1"
+    environment.update(compile_caches_of(tree))  # every mutant of a group runs in the one tree
     with open(log or os.devnull, "w") as out:
         return subprocess.run([sys.executable, "-m", "mutmut", *arguments], cwd=tree, env=environment, text=True,
                               **({"stdout": out, "stderr": subprocess.STDOUT} if log else {"capture_output": True}))
