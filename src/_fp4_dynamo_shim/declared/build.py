@@ -25,6 +25,7 @@ from ..layers import UndoStack
 from . import scan
 from . import codegen
 from . import rules
+from . import inductor
 from .codegen import NotExpressible
 
 NAMESPACE = "fp4_dynamo_shim_flashinfer"
@@ -181,6 +182,8 @@ class Registrar:
     def __init__(self, layer: Layer, declarations=()):
         self.library = oplib.library(NAMESPACE)
         layer.undo.push(self.library._destroy)
+        self.cache_key = inductor.CacheKey()
+        layer.undo.push(self.cache_key.undo)
         self.names: set = set()
         self.count = 0
         # A name two declarations share (trtllm-gen decode's and batch prefill's ``paged_run``, both computed at run
@@ -208,6 +211,7 @@ class Registrar:
     def define(self, name: str, schema: str, kernel: Callable, fake: Callable):
         """Define ``name`` with ``schema`` ("(arguments) -> returns"), one kernel for every device, and its fake."""
         self.names.add(name)
+        self.cache_key.add(name + schema)
         return oplib.define(self.library, name + schema, {device: kernel for device in oplib.DEVICES}, fake)
 
 

@@ -36,6 +36,7 @@ from . import scan
 from . import build
 from . import built_modules
 from . import rules
+from . import inductor
 from . import polyfill
 from . import proven
 from . import segment_gemm
@@ -209,6 +210,9 @@ def _register(layer: Layer) -> None:
                     if outcome.kind in (None, rules.REGISTERED):
                         outcome.fail(error, f"{getter}'s polyfill: ")
         segment_gemm.install(layer, registrar)
+        if any(outcome.op for outcome in layer.outcomes) or layer.getters:
+            layer.undo.push(inductor.install_lowering(layer.helpers))
+            registrar.cache_key.add(inductor.WHAT)
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
             wrappers.install(layer, [outcome for outcome in layer.outcomes if outcome.op])

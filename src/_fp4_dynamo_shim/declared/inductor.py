@@ -1,0 +1,115 @@
+"""What the declared ops need from Inductor while they are registered: the lowering it lacks for
+``aten.sym_storage_offset``, and a compile-cache key that tells their schemas apart.
+
+The lowering.
+
+A declared op that writes a tensor (an attention run's KV cache, ``out=``) gets it back from functionalization
+as ``as_strided(base, size, stride, sym_storage_offset(view))``. Torch 2.11-2.14 have no Inductor lowering for
+``sym_storage_offset``: Inductor falls back to running it on a tensor it rebuilds without the offset, so under
+dynamic shapes every such view starts at its base's first element. FlashInfer's single-tensor KV cache
+``[pages, 2, page, heads, dim]``, which ``run()`` unbinds, then hands the kernel K's half as V, silently
+(upstream pytorch/pytorch#198068; the lowering below is the one its fix adds, #198069). ``aot_eager`` is right.
+
+The lowering reads the offset from the node's metadata, as Inductor's ``sym_size`` and ``sym_stride`` lowerings
+do. It is installed when ``torch._inductor.lowering`` is imported (at once if it is: importing it costs seconds),
+and only where torch has no lowering of its own for the op: an implicit fallback, which Inductor registers on
+first use, is replaced, anything else is left as torch's. :func:`install` returns the undo, which puts back
+whatever was there.
+
+The cache key. Torch's graph caches (FX graph, AOTAutograd) key a graph by its code, which names an op but not
+its schema: a graph compiled when an op took 8 arguments, or wrote none of them, is loaded when the op takes 7
+(another FlashInfer release) or writes two, and so is one compiled before the lowering existed. The shim adds a
+digest of its ops' schemas to ``torch.compiler.config.cache_key_tag``, torch's own means to "break caches",
+after whatever tag the user set, and puts the user's tag back on revert.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from typing import Callable, List, Optional
+
+MODULE = "torch._inductor.lowering"
+WHAT = (f"{MODULE}: a lowering for aten.sym_storage_offset, which torch lacks (a written view of a larger tensor, "
+        "such as one half of a single-tensor KV cache, lost its storage offset under dynamic shapes)")
+
+
+def _sym_storage_offset(tensor):
+    import torch
+    from torch._inductor.virtualized import V
+
+    value = V.graph.current_node.meta["val"]
+    return value.node.expr if isinstance(value, torch.SymInt) else int(value)
+
+
+def _lacks_one(lowering) -> bool:
+    """True where Inductor has no lowering of its own: none yet, or the implicit fallback."""
+    import torch
+
+    op = torch.ops.aten.sym_storage_offset.default
+    return op not in lowering.lowerings or op in lowering.fallbacks
+
+
+def install_lowering(describe: List[str]) -> Callable[[], None]:
+    """Add the lowering now or when Inductor's lowerings are imported; appends what it did to ``describe``.
+    Returns the undo."""
+    installed: list = []  # (lowerings, the entry it replaced or None), once added
+    active = [True]
+
+    def add(lowering) -> None:
+        if not active[0] or not _lacks_one(lowering):
+            return
+        import torch
+
+        op = torch.ops.aten.sym_storage_offset.default
+        installed.append((lowering, lowering.lowerings.get(op)))
+        lowering.register_lowering(op, type_promotion_kind=None)(_sym_storage_offset)
+
+    module = sys.modules.get(MODULE)
+    if module is not None:
+        if not _lacks_one(module):
+            describe.append(f"{MODULE}: torch's own lowering for aten.sym_storage_offset (nothing added)")
+            return lambda: None
+        add(module)
+    else:
+        import wrapt
+
+        wrapt.register_post_import_hook(add, MODULE)
+    describe.append(WHAT + ("" if installed else ", added when Inductor is imported unless torch has one by then"))
+
+    def undo() -> None:
+        active[0] = False  # a hook wrapt still holds does nothing from now on
+        import torch
+
+        op = torch.ops.aten.sym_storage_offset.default
+        for lowering, previous in installed:
+            if previous is None:
+                lowering.lowerings.pop(op, None)
+            else:
+                lowering.lowerings[op] = previous
+        installed.clear()
+
+    return undo
+
+
+class CacheKey:
+    """The shim's part of torch's compile-cache tag: a digest of everything ``add`` was given."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._config = torch.compiler.config
+        self._users: str = self._config.cache_key_tag
+        self._digest = hashlib.sha256()
+        self._ours: Optional[str] = None
+
+    def add(self, text: str) -> None:
+        self._digest.update(text.encode() + b"\n")
+        self._ours = f"{self._users}|fp4_dynamo_shim:{self._digest.hexdigest()[:16]}"
+        self._config.cache_key_tag = self._ours
+
+    def undo(self) -> None:
+        """Put the user's tag back, unless the user has set another since."""
+        if self._ours is not None and self._config.cache_key_tag == self._ours:
+            self._config.cache_key_tag = self._users
+        self._ours = None
