@@ -186,3 +186,12 @@ def test_a_saved_run_rewrites_its_groups_rows_and_sample_and_keeps_the_others(tm
     assert set(kept) < set(drawn)
     assert len(set(drawn) - set(kept)) == run_mutmut.SAMPLE_PER_GROUP
     assert all(statuses.get(name) == "killed" for name in set(drawn) - set(kept))
+
+
+def test_a_failed_clean_run_reports_pytests_lines_however_long_the_spinner_ran():
+    """mutmut redraws its spinner ten times a second into the log; a group whose clean run fails must still show
+    which test failed."""
+    frames = "".join(f"{frame} Running clean tests\r" for frame in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏" * 500)
+    log = frames + "\nFAILED tests/x.py::test_y - AssertionError\n1 failed in 3.1s\n" + frames + "Failed to run clean test\n"
+    assert run_mutmut.log_tail(log).splitlines() == [
+        "FAILED tests/x.py::test_y - AssertionError", "1 failed in 3.1s", "Failed to run clean test"]
