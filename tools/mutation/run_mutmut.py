@@ -74,8 +74,6 @@ def read_groups(path: Path = HERE / "groups.toml") -> tuple:
 
 
 GROUPS = read_groups()
-
-
 KILLED = {"killed", "timeout", "caught by type check", "segfault"}
 
 
@@ -188,14 +186,9 @@ def run_group(group: Group, names, scratch: Path) -> tuple:
 
 
 def log_tail(text: str, lines: int = 60) -> str:
-    """mutmut's last lines without its spinner's frames, which fill the log (one per tenth of a second) and
-    would push a failing clean run's pytest report out of any fixed tail."""
-    kept = [line for line in re.split(r"[\r\n]+", text) if line.strip() and line.lstrip()[:1] not in SPINNER]
+    """mutmut's last lines without its spinner's frames (ten a second), which would fill any fixed tail."""
+    kept = [line for line in re.split(r"[\r\n]+", text) if line.strip() and line.lstrip()[:1] not in "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"]
     return "\n".join(kept[-lines:])
-
-
-#: The frames of mutmut's progress spinner.
-SPINNER = frozenset("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏")
 
 
 def commit() -> str:
@@ -318,17 +311,14 @@ def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copie
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     all_modules = [m for g in GROUPS for m in g.modules]
-    parser.add_argument("--module", action="append", choices=all_modules,
-                        help="the groups holding these modules (default: every group)")
+    parser.add_argument("--module", action="append", choices=all_modules, help="the groups holding these modules")
     parser.add_argument("--sample", type=int, help=f"this many mutants of {KILLED_SAMPLE.name}, drawn by --seed (CI)")
     parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
-    parser.add_argument("--sample-groups", type=int, default=None, metavar="K",
-                        help="draw the sample from K groups chosen by the seed (each group costs its mutmut set-up "
-                             "and statistics run, whatever its share of the sample)")
-    parser.add_argument("--survivors", action="store_true",
-                        help=f"only the mutants the last run recorded in {RESULTS.parent.name}/ left standing (of "
-                             "the --module ones when named), with today's tests; refused when the group's code "
-                             "changed since that run")
+    parser.add_argument("--sample-groups", type=int, default=None, metavar="K", help="draw the sample from K groups "
+                        "chosen by the seed (each costs its mutmut set-up and statistics run, however few it gives)")
+    parser.add_argument("--survivors", action="store_true", help=f"only the mutants the last run recorded in "
+                        f"{RESULTS.parent.name}/ left standing (of the --module ones when named), with today's tests; "
+                        "refused when the group's code changed since that run")
     parser.add_argument("--save", action="store_true", help=f"record the run and rewrite {SCORES.name}")
     options = parser.parse_args()
     listed = read_survivors()
