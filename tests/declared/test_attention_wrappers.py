@@ -368,3 +368,25 @@ def test_while_applied_torchs_compile_caches_tell_the_ops_apart_and_revert_puts_
         assert torch.compiler.config.cache_key_tag == "the user's"
         assert lowering.lowerings.get(op) is before
         assert fp4_dynamo_shim.apply()
+
+
+def test_a_lowering_torch_refuses_is_said_in_status_and_the_shim_applies_without_it(monkeypatch):
+    import torch._inductor.lowering as lowering
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("this torch's register_lowering changed")
+
+    fp4_dynamo_shim.revert()
+    op = torch.ops.aten.sym_storage_offset.default
+    if op in lowering.lowerings and op not in lowering.fallbacks:
+        pytest.skip("this torch lowers aten.sym_storage_offset itself: the shim adds nothing")
+    monkeypatch.setattr(lowering, "register_lowering", refuse)
+    status = apply_with(monkeypatch, FLASHINFER_OPS="all")
+    assert status["applied"], status["problem"]
+    assert [line for line in status["flashinfer_ops"]["helpers"] if "sym_storage_offset" in line] == [
+        "fp4_dynamo_shim: the lowering for aten.sym_storage_offset could not be added (RuntimeError: this torch's "
+        "register_lowering changed); compiled with Inductor under dynamic shapes, a declared op that writes a view "
+        "of a larger tensor (a KV cache of one tensor) may get it at offset 0"]
+    monkeypatch.undo()
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()  # with the lowering, for the tests after this one

@@ -29,6 +29,8 @@ import hashlib
 import sys
 from typing import Callable, List, Optional
 
+from .. import switches
+
 MODULE = "torch._inductor.lowering"
 WHAT = (f"{MODULE}: a lowering for aten.sym_storage_offset, which torch lacks (a written view of a larger tensor, "
         "such as one half of a single-tensor KV cache, lost its storage offset under dynamic shapes)")
@@ -62,8 +64,17 @@ def install_lowering(describe: List[str]) -> Callable[[], None]:
         import torch
 
         op = torch.ops.aten.sym_storage_offset.default
-        installed.append((lowering, lowering.lowerings.get(op)))
-        lowering.register_lowering(op, type_promotion_kind=None)(_sym_storage_offset)
+        previous = lowering.lowerings.get(op)
+        try:
+            lowering.register_lowering(op, type_promotion_kind=None)(_sym_storage_offset)
+        except Exception as error:  # run from the user's import of Inductor: said, never raised there
+            message = (f"fp4_dynamo_shim: the lowering for aten.sym_storage_offset could not be added "
+                       f"({type(error).__name__}: {error}); compiled with Inductor under dynamic shapes, a declared op "
+                       "that writes a view of a larger tensor (a KV cache of one tensor) may get it at offset 0")
+            describe.append(message)
+            switches.warn(message)
+            return
+        installed.append((lowering, previous))
 
     module = sys.modules.get(MODULE)
     if module is not None:
@@ -71,11 +82,12 @@ def install_lowering(describe: List[str]) -> Callable[[], None]:
             describe.append(f"{MODULE}: torch's own lowering for aten.sym_storage_offset (nothing added)")
             return lambda: None
         add(module)
+        describe.extend([WHAT] if installed else [])
     else:
         import wrapt
 
         wrapt.register_post_import_hook(add, MODULE)
-    describe.append(WHAT + ("" if installed else ", added when Inductor is imported unless torch has one by then"))
+        describe.append(WHAT + ", added when Inductor is imported unless torch has one by then")
 
     def undo() -> None:
         active[0] = False  # a hook wrapt still holds does nothing from now on
