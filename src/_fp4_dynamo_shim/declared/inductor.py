@@ -1,8 +1,6 @@
 """What the declared ops need from Inductor while they are registered: the lowering it lacks for
 ``aten.sym_storage_offset``, and a compile-cache key that tells their schemas apart.
 
-The lowering.
-
 A declared op that writes a tensor (an attention run's KV cache, ``out=``) gets it back from functionalization
 as ``as_strided(base, size, stride, sym_storage_offset(view))``. Torch 2.11-2.14 have no Inductor lowering for
 ``sym_storage_offset``: Inductor falls back to running it on a tensor it rebuilds without the offset, so under
@@ -13,10 +11,10 @@ dynamic shapes every such view starts at its base's first element. FlashInfer's 
 The lowering reads the offset from the node's metadata, as Inductor's ``sym_size`` and ``sym_stride`` lowerings
 do. It is installed when ``torch._inductor.lowering`` is imported (at once if it is: importing it costs seconds),
 and only where torch has no lowering of its own for the op: an implicit fallback, which Inductor registers on
-first use, is replaced, anything else is left as torch's. :func:`install` returns the undo, which puts back
-whatever was there.
+first use, is replaced, anything else is left as torch's. :func:`install_lowering` returns the undo, which puts
+back whatever was there.
 
-The cache key. Torch's graph caches (FX graph, AOTAutograd) key a graph by its code, which names an op but not
+Torch's graph caches (FX graph, AOTAutograd) key a graph by its code, which names an op but not
 its schema: a graph compiled when an op took 8 arguments, or wrote none of them, is loaded when the op takes 7
 (another FlashInfer release) or writes two, and so is one compiled before the lowering existed. The shim adds a
 digest of its ops' schemas to ``torch.compiler.config.cache_key_tag``, torch's own means to "break caches",
@@ -26,14 +24,14 @@ after whatever tag the user set, and puts the user's tag back on revert.
 from __future__ import annotations
 
 import hashlib
-import sys
 from typing import Callable, List, Optional
 
 from .. import switches
 
 MODULE = "torch._inductor.lowering"
-WHAT = (f"{MODULE}: a lowering for aten.sym_storage_offset, which torch lacks (a written view of a larger tensor, "
-        "such as one half of a single-tensor KV cache, lost its storage offset under dynamic shapes)")
+WHAT = (f"{MODULE}: a lowering for aten.sym_storage_offset where torch has none of its own, added when Inductor is "
+        "imported (without it, a written view of a larger tensor, such as one half of a single-tensor KV cache, "
+        "loses its storage offset under dynamic shapes)")
 
 
 def _sym_storage_offset(tensor):
@@ -44,26 +42,20 @@ def _sym_storage_offset(tensor):
     return value.node.expr if isinstance(value, torch.SymInt) else int(value)
 
 
-def _lacks_one(lowering) -> bool:
-    """True where Inductor has no lowering of its own: none yet, or the implicit fallback."""
+def install_lowering(describe: List[str]) -> Callable[[], None]:
+    """Add the lowering when Inductor's lowerings are imported (wrapt calls at once when they are); appends what it
+    does to ``describe``. Returns the undo."""
     import torch
+    import wrapt
 
     op = torch.ops.aten.sym_storage_offset.default
-    return op not in lowering.lowerings or op in lowering.fallbacks
-
-
-def install_lowering(describe: List[str]) -> Callable[[], None]:
-    """Add the lowering now or when Inductor's lowerings are imported; appends what it did to ``describe``.
-    Returns the undo."""
     installed: list = []  # (lowerings, the entry it replaced or None), once added
     active = [True]
 
     def add(lowering) -> None:
-        if not active[0] or not _lacks_one(lowering):
+        # None of its own: none yet, or the implicit fallback Inductor registers on first use.
+        if not active[0] or (op in lowering.lowerings and op not in lowering.fallbacks):
             return
-        import torch
-
-        op = torch.ops.aten.sym_storage_offset.default
         previous = lowering.lowerings.get(op)
         try:
             lowering.register_lowering(op, type_promotion_kind=None)(_sym_storage_offset)
@@ -76,24 +68,11 @@ def install_lowering(describe: List[str]) -> Callable[[], None]:
             return
         installed.append((lowering, previous))
 
-    module = sys.modules.get(MODULE)
-    if module is not None:
-        if not _lacks_one(module):
-            describe.append(f"{MODULE}: torch's own lowering for aten.sym_storage_offset (nothing added)")
-            return lambda: None
-        add(module)
-        describe.extend([WHAT] if installed else [])
-    else:
-        import wrapt
-
-        wrapt.register_post_import_hook(add, MODULE)
-        describe.append(WHAT + ", added when Inductor is imported unless torch has one by then")
+    wrapt.register_post_import_hook(add, MODULE)
+    describe.append(WHAT)
 
     def undo() -> None:
-        active[0] = False  # a hook wrapt still holds does nothing from now on
-        import torch
-
-        op = torch.ops.aten.sym_storage_offset.default
+        active[0] = False  # the hook wrapt still holds does nothing from now on
         for lowering, previous in installed:
             if previous is None:
                 lowering.lowerings.pop(op, None)
