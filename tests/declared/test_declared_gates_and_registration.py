@@ -64,7 +64,7 @@ def test_the_default_set_reports_its_files_helpers_fakes_and_counts_per_module(m
     layer = _reapply(monkeypatch, "sglang")
     # Every field status() documents, under its name (verify and the docs read them).
     assert set(layer) == {"gate", "scanned", "registered", "not_registered", "fakes_not_flashinfers_own", "failed",
-                          "helpers", "unproven", "state", "counts", "by_module", "seconds", "proven"}
+                          "helpers", "compiler", "unproven", "state", "counts", "by_module", "seconds", "proven"}
     assert layer["state"] == "registered" and set(layer["registered"]) == SGLANG_KEYS
     assert layer["scanned"] == f"the sglang gate's modules: {SGLANG_MODULES}"
     # Both of 0.7.4's cached device queries get a traced stand-in (FlashInfer imports both modules).

@@ -66,6 +66,8 @@ class Layer:
     outcomes: List[Outcome] = dataclasses.field(default_factory=list)
     undo: UndoStack = dataclasses.field(default_factory=UndoStack)
     helpers: List[str] = dataclasses.field(default_factory=list)
+    #: What the layer changed in torch's compiler while registered (``inductor``).
+    compiler: List[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
     #: (FlashInfer's function, the traceable, the outcomes it serves, what it is), before they go to Dynamo.
     pending: List[tuple] = dataclasses.field(default_factory=list)
@@ -184,6 +186,7 @@ class Registrar:
         layer.undo.push(self.library._destroy)
         self.cache_key = inductor.CacheKey()
         layer.undo.push(self.cache_key.undo)
+        layer.compiler.append(inductor.CacheKey.WHAT)
         self.names: set = set()
         self.count = 0
         # A name two declarations share (trtllm-gen decode's and batch prefill's ``paged_run``, both computed at run

@@ -211,7 +211,7 @@ def _register(layer: Layer) -> None:
                         outcome.fail(error, f"{getter}'s polyfill: ")
         segment_gemm.install(layer, registrar)
         if any(outcome.op for outcome in layer.outcomes) or layer.getters:
-            layer.undo.push(inductor.install_lowering(layer.helpers))
+            layer.undo.push(inductor.install_lowering(layer.compiler))
             registrar.cache_key.add(inductor.WHAT)
         if any(outcome.op for outcome in layer.outcomes):
             _queue_helpers(layer)
@@ -327,6 +327,7 @@ def describe(layer: Optional[Layer]) -> Optional[dict]:
         "gate": layer.gate, "scanned": layer.scanned, "registered": registered, "not_registered": not_registered,
         "fakes_not_flashinfers_own": fakes,
         "failed": sorted(o.key for o in layer.outcomes if o.failed), "helpers": list(layer.helpers),
+        "compiler": list(layer.compiler),
         # Registered under "all" only: neither SGLang's calls nor in the release's GPU record.
         "unproven": sorted(o.key for o in layer.outcomes if o.op and o.group == "all"),
         "state": layer.state,

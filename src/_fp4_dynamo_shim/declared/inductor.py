@@ -6,7 +6,7 @@ as ``as_strided(base, size, stride, sym_storage_offset(view))``. Torch 2.11-2.14
 ``sym_storage_offset``: Inductor falls back to running it on a tensor it rebuilds without the offset, so under
 dynamic shapes every such view starts at its base's first element. FlashInfer's single-tensor KV cache
 ``[pages, 2, page, heads, dim]``, which ``run()`` unbinds, then hands the kernel K's half as V, silently
-(upstream pytorch/pytorch#198068; the lowering below is the one its fix adds, #198069). ``aot_eager`` is right.
+(``aot_eager`` is right). The lowering below is the one PyTorch's proposed fix adds.
 
 The lowering reads the offset from the node's metadata, as Inductor's ``sym_size`` and ``sym_stride`` lowerings
 do. It is installed when ``torch._inductor.lowering`` is imported (at once if it is: importing it costs seconds),
@@ -85,6 +85,9 @@ def install_lowering(describe: List[str]) -> Callable[[], None]:
 
 class CacheKey:
     """The shim's part of torch's compile-cache tag: a digest of everything ``add`` was given."""
+
+    WHAT = ("torch.compiler.config.cache_key_tag: a digest of the shim's op schemas after the user's tag, so that "
+            "torch's graph caches serve no graph compiled for another schema")
 
     def __init__(self) -> None:
         import torch
