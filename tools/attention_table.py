@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast, json, re, sys  # noqa: E401
 from pathlib import Path
+from typing import Optional
 
 from _fp4_dynamo_shim.declared.attention_table import FILE, RELEASES, ROWS
 
@@ -41,21 +42,34 @@ OUTPUT_FIELD = re.compile(r"^\s*params\.(?:final_)?(?:o|lse)(?:_ptr)?\s*=")
 
 class Package:
     def __init__(self, root: Path):
-        self.root, self.defs = root, {}
+        self.root, self.texts, self._parsed = root, {}, {}
         for path in sorted(root.rglob("*.py")):
             text = path.read_text(encoding="utf-8")
             if "def get_" in text or "def gen_" in text or "Wrapper" in text:
-                stem = path.relative_to(root).with_suffix("").as_posix()
-                for node in ast.parse(text).body:  # the last def of a name wins: @overload stubs come first
-                    if isinstance(node, ast.FunctionDef):
-                        self.defs[(stem, node.name)] = node
-                    elif isinstance(node, ast.ClassDef):
-                        self.defs.update({(stem, f"{node.name}.{m.name}"): m for m in node.body
-                                          if isinstance(m, ast.FunctionDef)})
-        self.by_name = {name: node for (_, name), node in self.defs.items() if name.startswith(("get_", "gen_"))}
+                self.texts[path.relative_to(root).with_suffix("").as_posix()] = text
         meta = "".join(p.read_text() for p in (root / "_build_meta.py", root / "version.py") if p.exists())
         self.version = re.search(r"""__version__\s*=\s*["']([^"']+)""", meta).group(1)
         self.sources = {p.name: p.read_text() for p in sorted((root / "data" / "csrc").glob("*.cu*")) if p.is_file()}
+
+    def defs(self, stem: str) -> dict:
+        """name (``Class.method`` for a method) -> def, of one module, parsed when first asked for (a release has
+        hundreds of modules, and parsing them all cost 12 s of the tool's 16)."""
+        if stem not in self._parsed:
+            defs = self._parsed[stem] = {}
+            for node in ast.parse(self.texts[stem]).body if stem in self.texts else ():
+                if isinstance(node, ast.FunctionDef):  # the last def of a name wins: @overload stubs come first
+                    defs[node.name] = node
+                elif isinstance(node, ast.ClassDef):
+                    defs.update({f"{node.name}.{m.name}": m for m in node.body if isinstance(m, ast.FunctionDef)})
+        return self._parsed[stem]
+
+    def named(self, name: str) -> Optional[ast.FunctionDef]:
+        """The module-level def of ``name`` (a getter or generator), wherever it is; the last module's in path order."""
+        found = None
+        for stem, text in self.texts.items():
+            if f"def {name}(" in text:
+                found = self.defs(stem).get(name, found)
+        return found
 
     def cpp(self, stem: str, entry: str) -> dict:
         """Backend -> (the C++ function exported as ``entry`` by the bindings of ``stem``, its parameters)."""
@@ -112,7 +126,7 @@ def _getters(function: ast.FunctionDef, methods: list) -> list:
 def _getter_parameters(package: Package, node: ast.FunctionDef) -> str:
     for call in (n for n in ast.walk(node) if isinstance(n, ast.Call) and node.args.vararg):  # gen_x(backend, *args)
         starred = [i for i, a in enumerate(call.args) if isinstance(a, ast.Starred)]
-        target = package.by_name.get(ast.unparse(call.func)) if starred else None
+        target = package.named(ast.unparse(call.func)) if starred else None
         if target is not None and target.args.vararg is None:
             given = [ast.unparse(a) for a in call.args[:starred[0]]]
             named, defaults = target.args.args, target.args.defaults
@@ -124,7 +138,7 @@ def _getter_parameters(package: Package, node: ast.FunctionDef) -> str:
 
 
 def _row(package: Package, getter: str, entry: str):
-    node = package.by_name[getter]
+    node = package.named(getter)
     cpp = package.cpp(getter.removeprefix("get_").removesuffix("_module"), entry)
     returned = [n.value for n in ast.walk(node) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)]
     namespace = next((r for r in returned if ast.unparse(r.func) == "SimpleNamespace"), None)
@@ -172,11 +186,11 @@ def read(root: Path) -> tuple:
     """(release, its rows) for one ``flashinfer`` package directory; each row names the entry points reaching it."""
     package, rows = Package(Path(root)), {}
     for entry_point, (stems, qualified) in ENTRIES.items():
-        stem = next((s for s in stems if (s, qualified) in package.defs), None)
+        stem = next((s for s in stems if qualified in package.defs(s)), None)
         owner = qualified.split(".")[0] + "." if "." in qualified else None
-        methods = [node for (s, name), node in package.defs.items() if s == stem and owner and name.startswith(owner)]
-        for getter, entry in _getters(package.defs[(stem, qualified)], methods) if stem else ():
-            row = _row(package, getter, entry) if getter in package.by_name else None
+        methods = [node for name, node in package.defs(stem).items() if owner and name.startswith(owner)] if stem else []
+        for getter, entry in _getters(package.defs(stem)[qualified], methods) if stem else ():
+            row = _row(package, getter, entry) if package.named(getter) is not None else None
             if row is not None:
                 rows.setdefault((getter, entry), {"entry_points": (), **row})["entry_points"] += (entry_point,)
     return package.version, list(rows.values())
