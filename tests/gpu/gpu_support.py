@@ -102,14 +102,11 @@ def recording_branches():
     branches = Branches()
     state = devices.STATE
     saved_reference = {name: getattr(reference, name) for name in ("quantize", "mm_fp4")}
-    launcher_globals = []
     try:
-        for launch in {id(launch): launch for launch in state.launchers.values()}.values():
-            if hasattr(launch, "direct"):  # a JIT-entry launcher: count the kernel it calls
-                namespace = launch.__globals__
-                launcher_globals.append((namespace, namespace["kernel"]))
-                namespace["kernel"] = branches.counted(namespace["kernel"], "jit", "general")
         counting = devices.overridden(
+            # A GPU with a direct kernel has a launcher that calls that kernel: count the launcher as the JIT path.
+            launchers={index: branches.counted(launch, "jit", "general") if index in state.direct_kernels else launch
+                       for index, launch in state.launchers.items()},
             direct_kernels={index: (branches.counted(kernel, "jit", "direct"), enable_pdl)
                             for index, (kernel, enable_pdl) in state.direct_kernels.items()},
             family_modules={index: (namespace if namespace is None else _CountingNamespace(namespace, branches), mode)
@@ -120,8 +117,6 @@ def recording_branches():
         with counting:
             yield branches
     finally:
-        for namespace, kernel in reversed(launcher_globals):
-            namespace["kernel"] = kernel
         for name, function in saved_reference.items():
             setattr(reference, name, function)
 
