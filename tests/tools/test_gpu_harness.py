@@ -89,3 +89,21 @@ def test_graph_break_count_counts_each_logged_break_once_at_the_place_dynamo_nam
     assert summary["breaks_at"] == {"/tmp/site14/flashinfer/decode.py:269": 2,
                                     "/opt/torch/site-packages/torch/_dynamo/polyfills/__init__.py:528": 1}
     assert (summary["graph_breaks"], summary["flashinfer_breaks"]) == (3, 2)
+
+
+def test_a_greedy_difference_is_reported_where_it_starts_with_both_runs_best_two_logprobs():
+    """Under --enable-torch-compile a shim-compiled decode step fuses differently from one broken at every
+    FlashInfer call; a differing greedy id then needs its margin beside it to tell a near tie from a wrong result."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("graph_breaks", ROOT / "tools" / "gpu" / "graph_breaks.py")
+    graph_breaks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph_breaks)
+    baseline = {"output_ids": [[5, 6, 7], [1, 2, 3]],
+                "top_logprobs": [[[[-1.0, 5]]] * 3, [[[-0.5, 1]], [[-0.69, 2], [-0.70, 9]], [[-0.1, 3]]]]}
+    case = {"output_ids": [[5, 6, 7], [1, 9, 4]],
+            "top_logprobs": [[[[-1.0, 5]]] * 3, [[[-0.5, 1]], [[-0.69, 9], [-0.70, 2]], [[-0.2, 4]]]]}
+    assert graph_breaks.first_difference(case, baseline) == {
+        "prompt": 1, "position": 1, "token": 9, "baseline_token": 2,
+        "top_logprobs": [[[-0.69, 9], [-0.70, 2]]], "baseline_top_logprobs": [[[-0.69, 2], [-0.70, 9]]]}
+    assert graph_breaks.first_difference(baseline, baseline) is None

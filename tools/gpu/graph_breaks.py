@@ -53,8 +53,21 @@ def summarise(run: dict) -> dict:
             "graph_breaks": sum(places.values()), "flashinfer_breaks": sum(theirs.values()),
             "breaks_at": dict(places.most_common()),
             "decode_tokens_per_s": run.get("decode_tokens_per_s"), "decode_runs": run.get("decode_tokens_per_s_runs"),
-            "output_ids": run.get("output_ids"),
+            "output_ids": run.get("output_ids"), "top_logprobs": run.get("top_logprobs"),
             "shim_applied": [s.get("shim", {}).get("applied") for s in run["schedulers"]]}
+
+
+def first_difference(case: dict, baseline: dict):
+    """Where the greedy ids first differ from the baseline's, with both runs' two best logprobs there: how close
+    each greedy choice was (a near tie lets a different order of float operations pick the other token)."""
+    for prompt, (ids, baseline_ids) in enumerate(zip(case["output_ids"] or [], baseline["output_ids"] or [])):
+        for position, (token, baseline_token) in enumerate(zip(ids, baseline_ids)):
+            if token != baseline_token:
+                best = [(run.get("top_logprobs") or [[]] * (prompt + 1))[prompt][position:position + 1]
+                        for run in (case, baseline)]
+                return {"prompt": prompt, "position": position, "token": token, "baseline_token": baseline_token,
+                        "top_logprobs": best[0], "baseline_top_logprobs": best[1]}
+    return None
 
 
 def main(out: Path, architecture: str, names: list) -> int:
@@ -75,7 +88,7 @@ def main(out: Path, architecture: str, names: list) -> int:
     for name in names:
         arguments, environment = CASES[name]
         engine_test.CASES[name] = {"env": environment, "args": ["--torch-compile", "--decode-tokens", "64",
-                                                                "--decode-turns", f"{turns}:{len(names)}", *arguments]}
+                                                                "--decode-turns", f"{turns}:{len(names)}", "--logprobs", *arguments]}
     summary = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
         futures = {pool.submit(engine_test._run, architecture, name, model, Path("/tmp/graph-breaks-runs"),
@@ -86,6 +99,7 @@ def main(out: Path, architecture: str, names: list) -> int:
             for case_name, case in summary.items():  # greedy ids as the engine of its backend without the shim
                 baseline = summary.get("no-shim-" + case_name.rpartition("-")[2])
                 case["same_ids_as_no_shim"] = None if baseline is None else case["output_ids"] == baseline["output_ids"]
+                case["first_difference"] = None if baseline is None else first_difference(case, baseline)
             (out / f"{name}.log").write_text(run["log_text"][-300000:])
             (out / "breaks.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
