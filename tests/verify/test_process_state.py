@@ -9,6 +9,8 @@ import logging
 import os
 import sys
 
+import pytest
+
 import fp4_dynamo_shim
 import fp4_dynamo_shim.verify
 
@@ -20,6 +22,7 @@ def _loggers():
     return {name: logging.getLogger(name).level for name in ("fp4_dynamo_shim", "torch", TORCH_SCHEMA_LOGGER)}
 
 
+@pytest.mark.slow  # verify's worker check starts two interpreters
 def test_verify_leaves_the_environment_the_main_module_and_logging_as_it_found_them(monkeypatch, capsys):
     """The worker check starts its probes from a changed ``os.environ`` and ``__main__`` (spawned children copy
     them); after verify, the user's variables are theirs again. FP4_DYNAMO_SHIM is unset here, as where a start-up

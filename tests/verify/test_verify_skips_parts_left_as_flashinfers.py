@@ -15,7 +15,8 @@ import pytest
 import simulated_release
 from simulated_release import replace
 
-pytestmark = pytest.mark.release_independent  # the copy is of the newest tested release whatever is installed
+# The copy is of the newest tested release whatever is installed; verify's worker check starts two interpreters.
+pytestmark = [pytest.mark.release_independent, pytest.mark.slow]
 
 NEWER = "0.7.9"
 #: Why a check of fp4_quantize does not run: the part it needs is FlashInfer's own here.

@@ -304,6 +304,7 @@ def test_under_the_kill_switch_the_check_is_skipped_and_starts_nothing(probes, m
     assert probes.started == []
 
 
+@pytest.mark.slow
 def test_two_workers_spawned_for_real_report_back_what_their_interpreters_did(without_the_export):
     """Two real spawned children (the slow tier runs the whole check in a venv, out of reach of a generated mutant
     of the check): a child runs only its start-up hooks, as SGLang's schedulers do, so FP4_DYNAMO_SHIM=1 applies the
