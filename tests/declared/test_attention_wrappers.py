@@ -280,6 +280,8 @@ def test_a_wrong_out_buffer_raises_flashinfers_error_eager_and_compiled(attentio
 def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the_shim(attention):
     wrapper, cache = _wrapper(), _cache()
     _plan(wrapper, [2, 2])
+    torch._dynamo.reset()
+    torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))  # carried now
     fp4_dynamo_shim.revert()
     try:
         assert not any(name in vars(case.wrapper) for case in CASES.values() for name in ("_plan_info", *SIZES))
@@ -306,6 +308,30 @@ def test_a_wrapper_never_planned_has_no_plan_as_without_the_shim(attention):
     assert getattr(wrapper, "_plan_info", "absent") == "absent"
     with pytest.raises(AttributeError, match="'BatchDecodeWithPagedKVCacheWrapper' object has no attribute '_plan_info'"):
         wrapper._plan_info
+
+
+def _made_for_compiled_code(wrapper) -> list:
+    """What the wrapper holds that FlashInfer's plan() does not make: symbols for its sizes, its plan as a tensor."""
+    plan = wrapper.__dict__.get("_plan_info")
+    return [value for value in vars(wrapper).values() if type(value).__name__ == "DynamicInt" or (
+        isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.tolist() == list(plan or ()))]
+
+
+def test_plan_makes_nothing_for_compiled_code_until_dynamo_first_traces_a_run(attention):
+    """An eager program pays plan() no tensor and no symbol: they are made when Dynamo first traces a wrapper's run,
+    for every wrapper planned until then (also one never compiled), and from then on as plan() stores."""
+    fp4_dynamo_shim.revert()
+    assert fp4_dynamo_shim.apply()  # an application with nothing traced yet, under the fixture's gate
+    first, second, third, cache = _wrapper(), _wrapper(), _wrapper(), _cache()
+    _plan(first, [2, 2])
+    _plan(second, [1, 3])
+    assert _made_for_compiled_code(first) == _made_for_compiled_code(second) == []
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: first.run(q, cache), fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(_query(2)), first.run(_query(2), cache))
+    assert _made_for_compiled_code(first) and _made_for_compiled_code(second)
+    _plan(third, [4])
+    assert _made_for_compiled_code(third)
 
 
 def test_under_the_default_gate_a_wrapper_traces_exactly_when_a_gpu_run_proved_its_run(monkeypatch):

@@ -18,10 +18,13 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   then automatic dynamic shapes take it) and new values do not. The batch's sizes become ``DynamicInt``: symbols,
   not constants, under every ``dynamic=`` setting.
 
-Eager ``run()`` is FlashInfer's function; it reads these attributes through the properties (one Python call each),
-and ``plan()`` pays a small tensor per new plan and a ``DynamicInt`` per size. ``revert()`` removes the properties
-and the polyfills (instances keep their values); a plan stored under an earlier application is not used: compiling
-asks for ``plan()`` again.
+Eager ``run()`` is FlashInfer's function; it reads these attributes through the properties (one Python call each).
+What compiled code takes is made only once Dynamo needs it: until Dynamo first traces a wrapper's ``run()`` after
+apply, ``plan()`` stores FlashInfer's values and remembers the wrapper (all an eager program pays); that trace
+makes the carried values of every wrapper planned so far, and from then on each ``plan()`` makes them as it stores
+(a small tensor per new plan, a ``DynamicInt`` per size). ``revert()`` removes the properties and the polyfills
+(instances keep their values); a plan stored under an earlier application is not used: compiling asks for
+``plan()`` again.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import dataclasses
 import gc
 import itertools
 import sys
+import weakref
 from typing import Dict, Optional
 
 import torch
@@ -65,6 +69,12 @@ class _Application:
     twins: Dict[int, object] = dataclasses.field(default_factory=dict)
     #: id of a built module -> (the module, kept alive; what compiled code reaches in its place).
     built: Dict[int, tuple] = dataclasses.field(default_factory=dict)
+    #: Whether Dynamo has traced a wrapper's run since: until then plan() only stores and remembers the wrapper.
+    compiling: bool = False
+    #: The wrappers planned before that, to carry at the first compile.
+    planned: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
+    #: Each property's (name, carried name, carry, after_store, setter), to carry a remembered wrapper's values.
+    carries: list = dataclasses.field(default_factory=list)
 
 
 #: The application in force (one layer is applied at a time); None once reverted.
@@ -192,7 +202,8 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
     FlashInfer's plan() left it; under tracing ``carry(value)``, stored beside it by the setter. A value stored
     before this application is read as it is (a guard, as without the shim), or with ``refuse_stale`` refused:
     a plan stored then has a module without polyfills."""
-    carried = _current.carried + name  # made once: plan() stores through this setter on every call
+    application = _current
+    carried = application.carried + name  # made once: plan() stores through this setter on every call
 
     def get(wrapper):
         try:
@@ -203,11 +214,19 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
     def put(wrapper, value) -> None:
         state = wrapper.__dict__
         state[name] = value
+        if not application.compiling:  # remembered once per wrapper, by the plan's store (every plan() makes one)
+            if name == PLAN and application.carried not in state:
+                state[application.carried] = True
+                application.planned.add(wrapper)
+            return
         state[carried] = carry(value)
         if after_store is not None:
             after_store(wrapper)
 
+    application.carries.append((name, carried, carry, after_store, put))
+
     def traced(wrapper):
+        _carry_planned_now()  # run for real while tracing (assume_constant_result), not traced
         if not hasattr(wrapper, carried):
             if not refuse_stale:
                 return get(wrapper)
@@ -217,6 +236,26 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
         return getattr(wrapper, carried)
 
     return property(get, put), get, traced
+
+
+def _carry_planned_now() -> bool:
+    """Dynamo traces a wrapper's run: carry what plan() stored in every wrapper planned until now, and from now on
+    carry as plan() stores. Marked ``assume_constant_result`` by :func:`install`, so Dynamo calls it for real at
+    trace time (before it reads the carried values) and puts nothing of it in the graph, and no guard on it."""
+    application = _current
+    if application is None or application.compiling:
+        return True
+    application.compiling = True
+    for wrapper in list(application.planned):
+        state = wrapper.__dict__
+        for name, carried, carry, after_store, put in application.carries:
+            ours = getattr(type(wrapper), name, None)  # the property of this wrapper's class, not another's
+            if name in state and isinstance(ours, property) and ours.fset is put:
+                state[carried] = carry(state[name])
+                if after_store is not None:
+                    after_store(wrapper)
+    application.planned.clear()
+    return True
 
 
 def _planned(wrapper) -> None:
@@ -254,6 +293,7 @@ def install(layer, served) -> None:
                for entry_point, module_name, class_name in _wrapped_classes(layer)]
     if not classes:
         return
+    torch._dynamo.assume_constant_result(_carry_planned_now)
     _current = _Application(layer)
     layer.undo.push(_forget)
     for built_module in sorted({c[0] for c in classes}):
