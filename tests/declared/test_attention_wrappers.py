@@ -311,7 +311,8 @@ def test_a_wrapper_never_planned_has_no_plan_as_without_the_shim(attention):
 
 
 def _made_for_compiled_code(wrapper) -> list:
-    """What the wrapper holds that FlashInfer's plan() does not make: symbols for its sizes, its plan as a tensor."""
+    """What the wrapper holds that FlashInfer's plan() does not make: symbols for its sizes, its plan as a tensor.
+    Read from the instance: no public seam shows when the shim makes them, only what it costs plan()."""
     plan = wrapper.__dict__.get("_plan_info")
     return [value for value in vars(wrapper).values() if type(value).__name__ == "DynamicInt" or (
         isinstance(value, torch.Tensor) and value.dtype == torch.int64 and value.tolist() == list(plan or ()))]

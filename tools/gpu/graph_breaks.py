@@ -87,8 +87,9 @@ def main(out: Path, architecture: str, names: list) -> int:
     model = engine_test.checkpoints.write_checkpoint(architecture, Path("/tmp/graph-breaks-model") / architecture)
     for name in names:
         arguments, environment = CASES[name]
-        engine_test.CASES[name] = {"env": environment, "args": ["--torch-compile", "--decode-tokens", "64",
-                                                                "--decode-turns", f"{turns}:{len(names)}", "--logprobs", *arguments]}
+        engine_test.CASES[name] = {"env": environment, "args": [
+            "--torch-compile", "--decode-tokens", "64", "--decode-turns", f"{turns}:{len(names)}", "--logprobs",
+            *arguments]}
     summary = {}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
         futures = {pool.submit(engine_test._run, architecture, name, model, Path("/tmp/graph-breaks-runs"),

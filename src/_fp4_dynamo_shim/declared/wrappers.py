@@ -73,8 +73,8 @@ class _Application:
     compiling: bool = False
     #: The wrappers planned before that, to carry at the first compile.
     planned: weakref.WeakSet = dataclasses.field(default_factory=weakref.WeakSet)
-    #: Each property's (name, carried name, carry, after_store, setter), to carry a remembered wrapper's values.
-    carries: list = dataclasses.field(default_factory=list)
+    #: Each property's (name, setter): the catch-up stores a remembered wrapper's values again through them.
+    setters: list = dataclasses.field(default_factory=list)
 
 
 #: The application in force (one layer is applied at a time); None once reverted.
@@ -215,6 +215,7 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
         state = wrapper.__dict__
         state[name] = value
         if not application.compiling:  # remembered once per wrapper, by the plan's store (every plan() makes one)
+            # The marker in the instance, not a lookup in the WeakSet: plan() stores on every call and this is cheaper.
             if name == PLAN and application.carried not in state:
                 state[application.carried] = True
                 application.planned.add(wrapper)
@@ -223,7 +224,7 @@ def _property(name: str, carry, after_store=None, refuse_stale: bool = False):
         if after_store is not None:
             after_store(wrapper)
 
-    application.carries.append((name, carried, carry, after_store, put))
+    application.setters.append((name, put))
 
     def traced(wrapper):
         _carry_planned_now()  # run for real while tracing (assume_constant_result), not traced
@@ -248,12 +249,10 @@ def _carry_planned_now() -> bool:
     application.compiling = True
     for wrapper in list(application.planned):
         state = wrapper.__dict__
-        for name, carried, carry, after_store, put in application.carries:
+        for name, put in application.setters:
             ours = getattr(type(wrapper), name, None)  # the property of this wrapper's class, not another's
             if name in state and isinstance(ours, property) and ours.fset is put:
-                state[carried] = carry(state[name])
-                if after_store is not None:
-                    after_store(wrapper)
+                put(wrapper, state[name])
     application.planned.clear()
     return True
 
