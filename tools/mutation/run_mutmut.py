@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import concurrent.futures
 import dataclasses
 import datetime
 import fnmatch
@@ -319,6 +320,8 @@ def main() -> int:
     parser.add_argument("--survivors", action="store_true", help=f"only the mutants the last run recorded in "
                         f"{RESULTS.parent.name}/ left standing (of the --module ones when named), with today's tests; "
                         "refused when the group's code changed since that run")
+    parser.add_argument("--jobs", type=int, default=1, help="groups run at once (default 1): a group's statistics "
+                        "run takes one core, so a sample of few mutants from several groups gains from 2")
     parser.add_argument("--save", action="store_true", help=f"record the run and rewrite {SCORES.name}")
     options = parser.parse_args()
     listed = read_survivors()
@@ -352,11 +355,16 @@ def main() -> int:
     started = time.perf_counter()
     outcome, diffs, seconds, problems = {}, {}, {}, []
     with tempfile.TemporaryDirectory(prefix="fp4-mutmut-") as scratch:
-        for group in [g for g in groups if g.name in names_by_group]:
+        chosen = [g for g in groups if g.name in names_by_group]
+        with concurrent.futures.ThreadPoolExecutor(max(1, options.jobs)) as pool:
+            runs = [pool.submit(run_group, group, names_by_group[group.name], Path(scratch)) for group in chosen]
+            for group in chosen:
+                names = names_by_group[group.name]
+                print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
+                      flush=True)
+        for group, run in zip(chosen, runs):
             names = names_by_group[group.name]
-            print(f"[{group.name}] {len(names) if names else 'every'} mutant(s) of {', '.join(group.modules)}",
-                  flush=True)
-            got, got_diffs, took, tail = run_group(group, names, Path(scratch))
+            got, got_diffs, took, tail = run.result()
             print(f"[{group.name}] {len(got)} results in {took:.0f} s", flush=True)
             if not got:
                 print(tail)
