@@ -30,7 +30,7 @@ def test_swap_walks_only_the_modules_given_and_never_the_shims_own():
 
     given, other = _module("user_given", f=original, alias=original), _module("user_other", f=original)
     own = _module("_fp4_dynamo_shim.kept", f=original)
-    found = rebind.swap([(original, replacement)], [given, own, "not a module"])
+    found = rebind.swap([(original, replacement)], [own, "not a module", given])  # the walk goes on past both
     assert sorted(map(str, found)) == ["user_given.alias", "user_given.f"]
     assert given.f is replacement and given.alias is replacement
     assert other.f is original and own.f is original
