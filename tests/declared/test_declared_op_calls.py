@@ -13,6 +13,7 @@ and target end to end without touching the shim's op namespace.
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import logging
@@ -91,6 +92,31 @@ def test_a_tensor_or_number_parameter_reaches_flashinfer_as_whichever_was_passed
     x = torch.ones(2)
     assert torch.equal(caller(x, 3.0), torch.full((2,), 3.0))
     assert torch.equal(caller(x, torch.tensor([2.0, 4.0])), torch.tensor([2.0, 4.0]))
+
+
+class Activation(enum.IntEnum):  # as FlashInfer's ActivationType, SfLayout, Fp8QuantizationType
+    Gelu = 0
+    Swiglu = 3
+
+
+seen_activations = []
+
+
+def activate(x: torch.Tensor, activation: Activation, fallback: Optional[Activation] = None) -> torch.Tensor:
+    seen_activations.append((activation, fallback))
+    return x + int(activation)
+
+
+def test_an_int_enum_crosses_the_op_as_its_int_and_reaches_flashinfer_as_its_member():
+    # On every torch: torch 2.11's infer_schema refuses an enum type (the GPU machine's cutlass_fused_moe was
+    # listed "not expressible" for it), later ones would pass the member itself.
+    op, _, _, caller = _generate(activate, fake=activate)
+    assert op.schema == "(Tensor x, SymInt activation, SymInt? fallback) -> Tensor"
+    seen_activations.clear()
+    assert torch.equal(caller(torch.zeros(2), Activation.Swiglu), torch.full((2,), 3.0))
+    caller(torch.zeros(2), Activation.Gelu, Activation.Swiglu)
+    assert seen_activations == [(Activation.Swiglu, None), (Activation.Gelu, Activation.Swiglu)]
+    assert [type(a) for pair in seen_activations for a in pair if a is not None] == [Activation] * 3
 
 
 seen_generators = []

@@ -7,6 +7,7 @@ Data, read by ``codegen`` when it plans an op; each entry says which FlashInfer 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from typing import Callable, Optional, Tuple
 
@@ -99,11 +100,26 @@ def _without_none(annotation):
     return rest[0] if len(members) == 2 and len(rest) == 1 else None
 
 
+def _int_enum(annotation, optional: bool) -> Optional[Adapter]:
+    """An ``IntEnum`` (FlashInfer's ``ActivationType``, ``SfLayout``, ...) as its int, the member rebuilt in the
+    kernel: the same op on every torch (torch 2.11's ``infer_schema`` knows no enum type; later ones pass it)."""
+    if not (isinstance(annotation, type) and issubclass(annotation, enum.IntEnum)):
+        return None
+    member = f"__import__({annotation.__module__!r}, fromlist=['_']).{annotation.__qualname__}({{n}})"
+    if optional:
+        return Adapter(f"optional {annotation.__qualname__}", (("", Optional[int]),),
+                       "None if {n} is None else int({n})", f"None if {{n}} is None else {member}")
+    return Adapter(annotation.__qualname__, (("", int),), "int({n})", member)
+
+
 def adapter_for(annotation) -> Optional[Adapter]:
     found = _lookup(ADAPTERS, annotation)
     if found is not None:
         return found
     inner = _without_none(annotation)
+    found = _int_enum(annotation, False) or _int_enum(inner, True)
+    if found is not None:
+        return found
     for candidate, optional in ((annotation, False), (inner, True)):
         if typing.get_origin(candidate) is typing.Literal and all(
                 isinstance(value, str) for value in typing.get_args(candidate)):
