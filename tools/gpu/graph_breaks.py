@@ -36,6 +36,8 @@ CASES = {  # name: (extra runner arguments, environment)
     "no-shim-flashinfer": (["--attention-backend", "flashinfer"], {"FP4_DYNAMO_SHIM_DISABLE": "1",
                                                                    "TORCH_LOGS": "graph_breaks"}),
     "shim-proven-flashinfer": (["--attention-backend", "flashinfer"], SHIM),
+    # SGLang without torch.compile: what each compiled run's greedy ids are judged against.
+    "eager-flashinfer": (["--attention-backend", "flashinfer"], {"FP4_DYNAMO_SHIM_DISABLE": "1"}),
     # The baseline again, in its own engine: how far two runs of one program agree (Inductor's autotuning picks
     # kernels by timing them unless TORCHINDUCTOR_DETERMINISTIC=1).
     "no-shim-flashinfer-again": (["--attention-backend", "flashinfer"], {"FP4_DYNAMO_SHIM_DISABLE": "1",
@@ -93,7 +95,7 @@ def main(out: Path, architecture: str, names: list) -> int:
     for name in names:
         arguments, environment = CASES[name]
         engine_test.CASES[name] = {"env": environment, "args": [
-            "--torch-compile", "--decode-tokens", "64", "--decode-turns", f"{turns}:{len(names)}", "--logprobs",
+            *([] if name.startswith("eager") else ["--torch-compile"]), "--decode-tokens", "64", "--decode-turns", f"{turns}:{len(names)}", "--logprobs",
             *arguments]}
     summary = {"inductor_deterministic": os.environ.get("TORCHINDUCTOR_DETERMINISTIC") == "1"}
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(names)) as pool:
