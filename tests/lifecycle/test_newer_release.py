@@ -12,7 +12,8 @@ import pytest
 import simulated_release
 from simulated_release import replace
 
-pytestmark = pytest.mark.release_independent  # the copy is of the newest tested release whatever is installed
+# The copy is of the newest tested release whatever is installed; a copy and an interpreter per test: the slow tier.
+pytestmark = [pytest.mark.release_independent, pytest.mark.slow]
 
 FP4 = "quantization/fp4_quantization.py"
 NEWER = "0.7.9"
