@@ -8,7 +8,7 @@ CPU), and ``status()["flashinfer_ops"]`` recorded; this environment is not chang
 ``tests/declared/test_declared_ops_trace_on_cpu.py`` checks the installed release's row against the live shim (the matrix runs it for
 each release) and counts the declarations in the installed wheel's text, independently of the ast scan.
 
-    python tools/matrix/declared_table.py                       # every release of run_matrix.VERSIONS
+    python tools/matrix/declared_table.py                       # every release of the matrix
     python tools/matrix/declared_table.py --versions 0.6.12     # update one row
 """
 
@@ -56,7 +56,8 @@ def probe(site: run_matrix.Site) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--versions", nargs="+", default=run_matrix.VERSIONS)
+    parser.add_argument("--versions", nargs="+",
+                        default=[*run_matrix.VERSIONS, *(v for v, _ in run_matrix.OTHER_TORCH)])
     options = parser.parse_args()
     table = json.loads(TABLE.read_text()) if TABLE.exists() else {"releases": {}}
     table["generated_by"] = "python tools/matrix/declared_table.py"

@@ -3,7 +3,7 @@
 Each leg gets its own copy of one FlashInfer release, installed with ``pip install --no-deps --target`` from
 wheels downloaded once, and put first on ``PYTHONPATH``: the environment itself is never changed, so legs run
 two at a time (``--jobs``). Every leg uses this environment's dependencies (the newest release's) except the
-legs of ``OTHER_TORCH``, which get a virtual environment of their own with that torch (SGLang 0.5.22-0.5.23's
+legs of ``OTHER_TORCH``, which get a virtual environment of their own with that torch (SGLang 0.5.23's
 pins: torch 2.14.1 with FlashInfer 0.7.2). Besides the supported releases, one real release below the range
 is installed to prove it is refused cleanly.
 
@@ -38,11 +38,12 @@ from compatibility import CHECKS, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: FlashInfer releases pinned by SGLang 0.5.x releases, oldest first; the newest leg is added to them: the
-#: highest release the registry offers, whatever its number (``newest_release``).
+#: FlashInfer releases pinned by SGLang 0.5.x releases, oldest first, on this environment's torch; the newest leg is
+#: added to them: the highest release the registry offers, whatever its number (``newest_release``). A release
+#: whose leg runs on the torch its SGLang release pins (``OTHER_TORCH``) does not run again here.
 VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
-            "0.6.18", "0.7.1", "0.7.2", "0.7.4"]
-#: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.22-0.5.23.
+            "0.6.18", "0.7.1", "0.7.4"]
+#: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.23.
 OTHER_TORCH = [("0.7.2", "2.14.1")]
 #: A real release outside the supported range: it must be refused with one clear warning.
 UNSUPPORTED = ["0.5.2"]
@@ -71,7 +72,10 @@ STAND_IN = ROOT / "tools" / "matrix" / "gpu_query_stand_in"
 
 
 def pip(*arguments: str, python: str = sys.executable) -> None:
-    subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
+    """pip, installing without byte-compiling: a leg imports a small part of what it installs (torch's CUDA build
+    and its libraries were 196 s to install with compiling, beside two legs, and about 75 s without, alone)."""
+    no_compile = ["--no-compile"] if arguments[0] == "install" else []
+    subprocess.run([python, "-m", "pip", "-q", *arguments[:1], *no_compile, *arguments[1:]], check=True)
 
 
 def newest_release(wheels: Path) -> str:
