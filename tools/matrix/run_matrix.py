@@ -72,10 +72,7 @@ STAND_IN = ROOT / "tools" / "matrix" / "gpu_query_stand_in"
 
 
 def pip(*arguments: str, python: str = sys.executable) -> None:
-    """pip, installing without byte-compiling: a leg imports a small part of what it installs (torch's CUDA build
-    and its libraries were 196 s to install with compiling, beside two legs, and about 75 s without, alone)."""
-    no_compile = ["--no-compile"] if arguments[0] == "install" else []
-    subprocess.run([python, "-m", "pip", "-q", *arguments[:1], *no_compile, *arguments[1:]], check=True)
+    subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
 
 
 def newest_release(wheels: Path) -> str:
