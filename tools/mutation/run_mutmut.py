@@ -9,7 +9,7 @@ still exist and still survive. The tree keeps the score per module (scores.md) a
 
     python tools/mutation/run_mutmut.py [--module layout] --save     # every group, or the one holding a module
     python tools/mutation/run_mutmut.py --module layout --survivors --save   # what the last run left standing
-    python tools/mutation/run_mutmut.py --sample 15 --sample-groups 3 --seed N   # CI's stage
+    python tools/mutation/run_mutmut.py --sample 15 --sample-groups 2 --seed N   # CI's stage
 
 Exits 1 when a mutant survives unlisted, a listed one is killed or gone, or mutmut itself fails.
 """
