@@ -38,10 +38,6 @@ CASES = {  # name: (extra runner arguments, environment)
     "shim-proven-flashinfer": (["--attention-backend", "flashinfer"], SHIM),
     # SGLang without torch.compile: what each compiled run's greedy ids are judged against.
     "eager-flashinfer": (["--attention-backend", "flashinfer"], {"FP4_DYNAMO_SHIM_DISABLE": "1"}),
-    # The baseline again, in its own engine: how far two runs of one program agree (Inductor's autotuning picks
-    # kernels by timing them unless TORCHINDUCTOR_DETERMINISTIC=1).
-    "no-shim-flashinfer-again": (["--attention-backend", "flashinfer"], {"FP4_DYNAMO_SHIM_DISABLE": "1",
-                                                                         "TORCH_LOGS": "graph_breaks"}),
 }
 #: One logged break: Dynamo writes this line once per break (the explanation, hints and traceback follow on
 #: lines that say "graph break" too, so counting those counts one break several times).
