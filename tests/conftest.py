@@ -43,6 +43,13 @@ hypothesis.settings.register_profile("mutmut", parent=hypothesis.settings.get_pr
 hypothesis.settings.load_profile("mutmut" if "MUTANT_UNDER_TEST" in os.environ else "ci")
 
 
+def pytest_itemcollected(item):
+    """Named in the JUnit report too: the FlashInfer matrix reads its installed release's leg from the README
+    command's report (tools/matrix/run_matrix.py --installed-leg-from) and leaves these out, as its legs do."""
+    if item.get_closest_marker("release_independent"):
+        item.user_properties.append(("release_independent", "true"))
+
+
 def pytest_runtest_setup(item):
     """Only the slow tier builds virtual environments (before this test's fixtures, which build them)."""
     venvs.building_allowed = item.get_closest_marker("slow") is not None

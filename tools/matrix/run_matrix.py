@@ -193,23 +193,48 @@ def run_tests(site: Site, inductor_cache: Path) -> dict:
         seconds = time.perf_counter() - started
         if not report.exists():
             return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
-        counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
-        failures, outcomes, skip_reasons = [], {}, {}
-        for case in ElementTree.parse(report).iter("testcase"):
-            parts = case.get("classname", "").split(".")
-            path = next((p for p in files if Path(p).stem in parts), case.get("classname", "?"))
-            outcome = "passed"
-            if case.find("failure") is not None or case.find("error") is not None:
-                outcome = "failed"
-                failures.append(f"{case.get('classname')}::{case.get('name')}")
-            elif case.find("skipped") is not None:
-                outcome = "skipped"
-                skip_reasons[case.get("name", "")] = case.find("skipped").get("message", "")
-            counts.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})[outcome] += 1
-            outcomes[case.get("name", "")] = outcome
-    return {"counts": counts, "failures": failures, "seconds": seconds, "stand_in": stand_in, "outcomes": outcomes,
-            "skip_reasons": skip_reasons, "torch": torch,
-            "tail": completed.stdout[-3000:] if failures else ""}
+        leg = read_leg([report], files)
+    return {**leg, "seconds": seconds, "stand_in": stand_in, "torch": torch,
+            "tail": completed.stdout[-3000:] if leg["failures"] else ""}
+
+
+def read_leg(reports, files: list) -> dict:
+    """Counts per CHECKS file, failures, outcomes and skip reasons of JUnit reports, less the tests that
+    ``tests/conftest.py`` marks ``release_independent`` in them (a whole-suite report has them; a leg's run has not)."""
+    counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
+    failures, outcomes, skip_reasons = [], {}, {}
+    modules = {path: path.removesuffix(".py").replace("/", ".") for path in files}
+    for case in (case for report in reports for case in ElementTree.parse(report).iter("testcase")):
+        classname = case.get("classname", "")
+        path = next((p for p, m in modules.items() if classname == m or classname.startswith(m + ".")), None)
+        marked = {prop.get("name") for prop in case.iter("property")}
+        if path is None or "release_independent" in marked:
+            continue
+        outcome = "passed"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+            failures.append(f"{case.get('classname')}::{case.get('name')}")
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+            skip_reasons[case.get("name", "")] = case.find("skipped").get("message", "")
+        counts[path][outcome] += 1
+        outcomes[case.get("name", "")] = outcome
+    return {"counts": counts, "failures": failures, "outcomes": outcomes, "skip_reasons": skip_reasons}
+
+
+def installed_leg(reports: list) -> tuple:
+    """(release, leg) of this environment's own FlashInfer and torch, read from ``reports``: the JUnit reports of
+    the whole suite run here (CI's README command and slow tier), which ran every file of CHECKS on exactly this
+    leg."""
+    import importlib.metadata
+    import torch
+
+    files = [path for path in CHECKS.values() if (ROOT / path).exists()]
+    leg = read_leg(reports, files)
+    release = importlib.metadata.version("flashinfer-python")
+    leg.update(seconds=0.0, stand_in=None, torch=torch.__version__, tail="",
+               release_parts=release_parts(Site(release)))
+    return release, leg
 
 
 def probe_refusal(site: Site) -> dict:
@@ -306,7 +331,12 @@ def run_all(options, scratch: Path) -> tuple:
         print(f"torch {torch} environment built in {time.perf_counter() - begun:.0f} s", flush=True)
         return lambda: report(leg_name(version, torch), run_leg(site, inductor_cache))
 
-    queue = Legs(cpu_leg(version) for version in options.versions)
+    own = installed_leg(options.installed_leg_from) if options.installed_leg_from else None
+    if own is not None and own[0] in options.versions:
+        report(own[0], own[1])
+        print(f"flashinfer {own[0]}: read from {', '.join(map(str, options.installed_leg_from))} (this "
+              "environment's release and torch)", flush=True)
+    queue = Legs(cpu_leg(version) for version in options.versions if version not in legs)
     for version, torch in options.other_torch:
         queue.build(lambda version=version, torch=torch: other_torch_leg(version, torch))
 
@@ -344,6 +374,10 @@ def main() -> int:
                         metavar="FLASHINFER:TORCH", help="legs in their own venv with that torch (default: "
                         + ", ".join(f"{v}:{t}" for v, t in OTHER_TORCH) + "; none: --other-torch)")
     parser.add_argument("--jobs", type=int, default=2, help="legs run at once (default 2)")
+    parser.add_argument("--installed-leg-from", type=Path, nargs="+", metavar="JUNIT",
+                        help="the leg of this environment's own FlashInfer release from these JUnit reports of the "
+                        "whole suite run here (CI: the README command's and the slow tier's), instead of running "
+                        "its files again")
     parser.add_argument("--no-newest", dest="newest", action="store_false",
                         help="do not add the registry's highest release to --versions")
     options = parser.parse_args()
