@@ -7,6 +7,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 import fp4_dynamo_shim
 from _fp4_dynamo_shim.verify import workers
 from _fp4_dynamo_shim.activation import site_files
@@ -63,6 +65,7 @@ def test_the_docs_cite_no_issue_numbers():
         assert not found, (path.name, found)
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_a_hand_written_sitecustomize_that_calls_the_hook_is_listed_in_routes(tmp_path):
     """The documented one-liner, written by hand, applies the shim; status()["routes"] must say so."""
     (tmp_path / "sitecustomize.py").write_text(f"import os\n{site_files.ONE_LINER}\n")

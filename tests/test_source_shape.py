@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 from helpers import run_python
 
@@ -59,6 +60,7 @@ def test_no_source_file_is_over_400_lines_and_the_front_is_short():
     assert lengths["fp4_dynamo_shim_hook.py"] <= 20  # a forwarder for the start-up lines users have installed
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_importing_every_module_of_the_implementation_applies_nothing():
     code = (
         "import importlib, json, os, pkgutil, sys, _fp4_dynamo_shim\n"

@@ -134,6 +134,7 @@ def test_uninstall_removes_a_sitecustomize_that_only_held_the_hook(tmp_path):
     assert site_files.uninstall_hook(tmp_path) and not (tmp_path / "sitecustomize.py").exists()
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_sitecustomize_route_applies_the_shim_without_any_pth(tmp_path):
     from helpers import SRC
 

@@ -14,6 +14,8 @@ import pytest
 
 from helpers import run_python
 
+pytestmark = pytest.mark.slow  # an interpreter per line, over 4 s each on 2 cores
+
 LINES = Path(__file__).resolve().parents[1] / "data" / "installed_lines"
 REPORT = ("import flashinfer, json, sys; s = sys.modules['_fp4_dynamo_shim.lifecycle'].status(); "
           "print(json.dumps([getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False), s['activated_by']]))")

@@ -122,6 +122,7 @@ def test_the_kill_switch_stops_the_plugin_and_every_route_and_status_says_so(rev
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # asked for: not a warning
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 @pytest.mark.parametrize("route", ["import", "sitecustomize", "hook"])
 def test_the_kill_switch_stops_the_import_the_hook_and_sitecustomize(route, tmp_path):
     code = {"import": "import fp4_dynamo_shim, os; print(os.environ.get('FP4_DYNAMO_SHIM'))", "hook": PATCHED,
@@ -135,6 +136,7 @@ def test_the_kill_switch_stops_the_import_the_hook_and_sitecustomize(route, tmp_
     assert result.stdout.strip().splitlines()[-1] in ("None", "False")
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_verify_says_the_switch_is_set_and_exits_2():
     result = run_python("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--json']))",
                         env={settings.DISABLE: "1"})
@@ -214,6 +216,7 @@ def test_the_replacement_says_it_is_the_shims_and_names_the_original():
 
 # --- CLI and docs ------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_usage_errors_exit_3_and_are_not_confused_with_not_applied():
     device = run_python("import sys; from fp4_dynamo_shim import verify; sys.exit(verify.main(['--device', 'cuda']))")
     if "no GPU visible" not in device.stderr:

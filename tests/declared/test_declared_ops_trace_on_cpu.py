@@ -127,6 +127,7 @@ def test_public_function_traces_to_the_declared_op_with_no_graph_break(every_op,
                 assert devices <= {"cuda"}, (str(node.target), devices)
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_the_nsa_indexer_layernorm_call_traces_under_the_default_gate():
     """The call SGLang's NSA indexer makes (sglang 0.5.9 srt/layers/layernorm.py LayerNorm.forward_cuda, the
     indexer's k_norm = LayerNorm(head_dim, dtype=torch.float32)): module-level `from flashinfer.norm import
@@ -195,6 +196,7 @@ def _flashinfer_globals():
             and not getattr(value, "__fp4_dynamo_shim__", False)}
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 @pytest.mark.release_independent  # the shim's lazy registration; each release's declarations are test_every_declaration's
 def test_nothing_is_registered_before_torch_dynamo_is_imported():
     """Start-up pays nothing for the layer: it reads and registers once torch._dynamo is imported."""

@@ -22,6 +22,7 @@ from helpers import run_python
 STATUS = "import json, fp4_dynamo_shim; print(json.dumps(fp4_dynamo_shim.status()))"
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_without_nvcc_and_without_torch_cuda_apply_still_succeeds_and_says_so(tmp_path):
     # FlashInfer looks for nvcc only under $CUDA_HOME when it is set: point it at an empty directory.
     result = run_python(STATUS, env={"CUDA_HOME": str(tmp_path)})
@@ -91,6 +92,7 @@ def test_flashinfer_own_custom_op_reaches_the_shim_without_recursion():
     assert torch.equal(packed, expected[0]) and torch.equal(sf.flatten()[: expected[1].numel()], expected[1].flatten())
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 def test_disable_variable_makes_the_import_a_no_op():
     result = run_python(STATUS + "; import flashinfer; print(getattr(flashinfer.fp4_quantize, '__fp4_dynamo_shim__', False))",
                         env={"FP4_DYNAMO_SHIM_DISABLE": "1"})

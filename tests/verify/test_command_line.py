@@ -113,6 +113,7 @@ def test_python_m_from_the_source_tree_applies_nothing_and_loads_neither_torch_n
         assert not loaded(result.stderr) & {"torch", "flashinfer"}, arguments
 
 
+@pytest.mark.slow  # interpreters of its own, over 4 s on 2 cores
 @pytest.mark.parametrize("output", ["--json", "text"])
 def test_python_m_verify_from_the_source_tree_reports_a_failed_apply(output):
     result = run_python(None, env=STRICT_AND_BAD, args=("-m", "fp4_dynamo_shim.verify",
