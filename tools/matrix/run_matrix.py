@@ -1,15 +1,11 @@
 """Run the release-sensitive CPU tests against every FlashInfer release an SGLang 0.5.x release pins; write the table.
 
-Each leg gets its own copy of one FlashInfer release, installed with ``pip install --no-deps --target`` from
-wheels downloaded once, and put first on ``PYTHONPATH``: the environment itself is never changed, so legs run
-two at a time (``--jobs``). Every leg uses this environment's dependencies (the newest release's) except the
-legs of ``OTHER_TORCH``, which get a virtual environment of their own with that torch (SGLang 0.5.23's
-pins: torch 2.14.1 with FlashInfer 0.7.2). Besides the supported releases, one real release below the range
-is installed to prove it is refused cleanly.
-
-A leg runs the test files of ``CHECKS`` only, less the tests marked ``release_independent``: those whose
-outcome depends on the installed release (which ones, and why the others run once in the README's test
-command, is in docs/testing.md).
+Each leg gets its own copy of one FlashInfer release (``pip install --no-deps --target`` from wheels downloaded
+once) first on ``PYTHONPATH``: the environment itself is never changed, so legs run two at a time (``--jobs``).
+Every leg uses this environment's dependencies except the legs of ``OTHER_TORCH``, which get a virtual
+environment with that torch (SGLang 0.5.23's pins). One real release below the range must be refused cleanly.
+A leg runs the test files of ``CHECKS`` less the tests marked ``release_independent``: those whose outcome
+depends on the installed release (docs/testing.md says which and why).
 
     python tools/matrix/run_matrix.py --output docs/compatibility.md           # regenerate
     python tools/matrix/run_matrix.py --output docs/compatibility.md --check   # CI: fail if stale
@@ -38,9 +34,8 @@ from compatibility import CHECKS, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: FlashInfer releases pinned by SGLang 0.5.x releases, oldest first, on this environment's torch; the newest leg is
-#: added to them: the highest release the registry offers, whatever its number (``newest_release``). A release
-#: whose leg runs on the torch its SGLang release pins (``OTHER_TORCH``) does not run again here.
+#: FlashInfer releases pinned by SGLang 0.5.x releases, oldest first, on this environment's torch, and the highest
+#: release the registry offers, whatever its number (``newest_release``); those of ``OTHER_TORCH`` run there only.
 VERSIONS = ["0.5.3", "0.6.1", "0.6.3", "0.6.7.post2", "0.6.8.post1", "0.6.11.post1", "0.6.12", "0.6.15.post1",
             "0.6.18", "0.7.1", "0.7.4"]
 #: (FlashInfer, torch) legs on a torch other than this environment's: the pins of SGLang 0.5.23.
@@ -176,7 +171,6 @@ def run_tests(site: Site, inductor_cache: Path) -> dict:
         site = dataclasses.replace(site, stand_in=True)
         if site.import_error() is not None:
             return {**stand_in, "seconds": 0.0, "failures": [], "torch": torch}
-    files = [path for path in CHECKS.values() if (ROOT / path).exists()]
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "junit.xml"
         started = time.perf_counter()
@@ -185,7 +179,7 @@ def run_tests(site: Site, inductor_cache: Path) -> dict:
         # compiled under 0.7.4 (8 parameters) was loaded under 0.6.12 (7) and called the op with 8 arguments.
         completed = subprocess.run(
             [site.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not release_independent",
-             f"--junitxml={report}", *files],
+             f"--junitxml={report}", *check_files()],
             cwd=ROOT, capture_output=True, text=True,
             env=site.environment(TORCHINDUCTOR_CACHE_DIR=str(inductor_cache), TORCHINDUCTOR_FX_GRAPH_CACHE="0",
                                  TORCHINDUCTOR_AUTOGRAD_CACHE="0"),
@@ -193,48 +187,47 @@ def run_tests(site: Site, inductor_cache: Path) -> dict:
         seconds = time.perf_counter() - started
         if not report.exists():
             return {"error": (completed.stdout + completed.stderr)[-2000:], "seconds": seconds}
-        leg = read_leg([report], files)
+        leg = read_leg([report])
     return {**leg, "seconds": seconds, "stand_in": stand_in, "torch": torch,
             "tail": completed.stdout[-3000:] if leg["failures"] else ""}
 
 
-def read_leg(reports, files: list) -> dict:
+def check_files() -> list:
+    return [path for path in CHECKS.values() if (ROOT / path).exists()]
+
+
+def read_leg(reports) -> dict:
     """Counts per CHECKS file, failures, outcomes and skip reasons of JUnit reports, less the tests that
     ``tests/conftest.py`` marks ``release_independent`` in them (a whole-suite report has them; a leg's run has not)."""
-    counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in files}
+    modules = {path: path.removesuffix(".py").replace("/", ".") for path in check_files()}
+    counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in modules}
     failures, outcomes, skip_reasons = [], {}, {}
-    modules = {path: path.removesuffix(".py").replace("/", ".") for path in files}
     for case in (case for report in reports for case in ElementTree.parse(report).iter("testcase")):
-        classname = case.get("classname", "")
+        classname, name = case.get("classname", ""), case.get("name", "")
         path = next((p for p, m in modules.items() if classname == m or classname.startswith(m + ".")), None)
-        marked = {prop.get("name") for prop in case.iter("property")}
-        if path is None or "release_independent" in marked:
+        if path is None or "release_independent" in {prop.get("name") for prop in case.iter("property")}:
             continue
         outcome = "passed"
         if case.find("failure") is not None or case.find("error") is not None:
             outcome = "failed"
-            failures.append(f"{case.get('classname')}::{case.get('name')}")
+            failures.append(f"{classname}::{name}")
         elif case.find("skipped") is not None:
             outcome = "skipped"
-            skip_reasons[case.get("name", "")] = case.find("skipped").get("message", "")
+            skip_reasons[name] = case.find("skipped").get("message", "")
         counts[path][outcome] += 1
-        outcomes[case.get("name", "")] = outcome
+        outcomes[name] = outcome
     return {"counts": counts, "failures": failures, "outcomes": outcomes, "skip_reasons": skip_reasons}
 
 
 def installed_leg(reports: list) -> tuple:
-    """(release, leg) of this environment's own FlashInfer and torch, read from ``reports``: the JUnit reports of
-    the whole suite run here (CI's README command and slow tier), which ran every file of CHECKS on exactly this
-    leg."""
+    """(release, leg) of this environment's own FlashInfer and torch, from the JUnit reports of the whole suite
+    run here (CI's README command and slow tier): they ran every file of CHECKS on exactly this leg."""
     import importlib.metadata
     import torch
 
-    files = [path for path in CHECKS.values() if (ROOT / path).exists()]
-    leg = read_leg(reports, files)
-    release = importlib.metadata.version("flashinfer-python")
-    leg.update(seconds=0.0, stand_in=None, torch=torch.__version__, tail="",
-               release_parts=release_parts(Site(release)))
-    return release, leg
+    leg, release = read_leg(reports), importlib.metadata.version("flashinfer-python")
+    return release, {**leg, "seconds": 0.0, "stand_in": None, "torch": torch.__version__, "tail": "",
+                     "release_parts": release_parts(Site(release))}
 
 
 def probe_refusal(site: Site) -> dict:
@@ -375,9 +368,8 @@ def main() -> int:
                         + ", ".join(f"{v}:{t}" for v, t in OTHER_TORCH) + "; none: --other-torch)")
     parser.add_argument("--jobs", type=int, default=2, help="legs run at once (default 2)")
     parser.add_argument("--installed-leg-from", type=Path, nargs="+", metavar="JUNIT",
-                        help="the leg of this environment's own FlashInfer release from these JUnit reports of the "
-                        "whole suite run here (CI: the README command's and the slow tier's), instead of running "
-                        "its files again")
+                        help="read the leg of this environment's own release from these reports of the whole suite "
+                        "run here (CI: the README command's and the slow tier's) instead of running it")
     parser.add_argument("--no-newest", dest="newest", action="store_false",
                         help="do not add the registry's highest release to --versions")
     options = parser.parse_args()

@@ -1,11 +1,10 @@
 """Generated mutation testing with mutmut over the modules whose bugs are silent, checked against a list.
 
 mutmut (3.x) writes every mutant of the chosen functions and runs, for each, the tests that reach that function
-(``[tool.mutmut]`` in pyproject.toml; tests/support/mutmut_support.py). The modules run in groups (groups.toml),
-each in a temporary copy of the project with its own test selection, so a surviving mutant costs seconds, not the
-suite. Every surviving mutant must be listed in survivors.txt with its kind and reason, and every listed one must
-still exist and still survive. The tree keeps the score per module (scores.md) and killed mutants per group
-(killed_sample.txt, for CI's sample); per-mutant results and mutmut's statistics go to the ignored .mutation/.
+(tests/support/mutmut_support.py), group by group (groups.toml), each group in a temporary copy of the project with
+its own tests. Every surviving mutant must be listed in survivors.txt with its kind and reason, and every listed one
+must still survive. The tree keeps the score per module (scores.md) and killed mutants per group (killed_sample.txt,
+for CI's sample); per-mutant results and mutmut's statistics go to the ignored .mutation/.
 
     python tools/mutation/run_mutmut.py [--module layout] --save     # every group, or the one holding a module
     python tools/mutation/run_mutmut.py --module layout --survivors --save   # what the last run left standing
@@ -95,9 +94,8 @@ def group_of_module(module: str) -> Group:
     return next(group for group in GROUPS if module in group.modules)
 
 
-#: How a listed survivor counts: an equivalent mutant is left out of the score; a gpu-only one differs only on
-#: a GPU, and a test under tests/gpu that its reason names kills it there (gpu-killed once the GPU machine has
-#: run that: gpu_mutants.py); an open one is not shown equivalent and no test found yet tells it apart.
+#: How a listed survivor counts: equivalent, left out of the score; gpu-only, told apart on a GPU by the test under
+#: tests/gpu its reason names (gpu-killed once gpu_mutants.py ran it there); open: no test found yet tells it apart.
 KINDS = ("equivalent", "gpu-only", "gpu-killed", "open")
 
 
@@ -136,16 +134,13 @@ def read_killed_sample(path: Path = KILLED_SAMPLE) -> list:
     return [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _toml_list(values) -> str:
-    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
-
-
 def configure_tree(tree: Path, group: Group) -> None:
     """The group's files and test selection in the copy's ``[tool.mutmut]`` (the rest stays pyproject's)."""
     pyproject = tree / "pyproject.toml"
     text = pyproject.read_text()
     for key, values in (("only_mutate", group_files(group)), ("pytest_add_cli_args_test_selection", group.tests)):
-        text, count = re.subn(rf"(?ms)^{key} = \[.*?\]$", lambda _: f"{key} = {_toml_list(values)}", text)
+        listed = f"{key} = [{', '.join(map(json.dumps, values))}]"
+        text, count = re.subn(rf"(?ms)^{key} = \[.*?\]$", lambda _: listed, text)
         assert count == 1, f"pyproject.toml: [tool.mutmut] {key} not found once"
     pyproject.write_text(text)
 
@@ -257,9 +252,8 @@ def write_killed_sample(record: dict, path: Path = KILLED_SAMPLE) -> None:
 
 
 def code_only(text: str) -> str:
-    """The source's syntax tree without docstrings, comments, layout or line numbers: what mutmut's mutants are
-    made from (it mutates no triple-quoted string), so two texts with the same ``code_only`` have the same
-    mutants under the same names."""
+    """The syntax tree without docstrings, comments, layout or line numbers: what mutmut mutates (no triple-quoted
+    string), so two texts with the same ``code_only`` have the same mutants under the same names."""
     tree = ast.parse(text)
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
@@ -277,16 +271,15 @@ def code_of(group: Group) -> dict:
 
 
 def why_not_the_same_mutants(group: Group, run: dict):
-    """None when the group's files have the code of its recorded run (a survivors-only rerun is valid only over
-    the same mutants; docstrings and comments may differ); else why not."""
+    """None when the group's files have the code of its recorded run (a survivors-only rerun needs its mutants),
+    else why not."""
     changed = [path for path, digest in code_of(group).items() if run.get("code", {}).get(path) != digest]
     return f"the code of {', '.join(changed)} changed since its run at {run['commit']}" if changed else None
 
 
 def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copied_at: str, code: dict) -> None:
-    """Merge this run into .mutation/results.json (a full run replaces its groups' mutants; a survivors-only run
-    replaces the statuses of the mutants it reran, and is recorded beside the full run it completes), then
-    rewrite scores.md and, after a full run, killed_sample.txt."""
+    """Merge this run into .mutation/results.json (a full run replaces its groups' mutants, a survivors-only run
+    the statuses it reran, recorded beside its full run), then scores.md and, after a full run, killed_sample.txt."""
     record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"groups": {}, "mutants": {}}
     today = datetime.date.today().isoformat()
     for group in GROUPS:
@@ -315,13 +308,11 @@ def main() -> int:
     parser.add_argument("--module", action="append", choices=all_modules, help="the groups holding these modules")
     parser.add_argument("--sample", type=int, help=f"this many mutants of {KILLED_SAMPLE.name}, drawn by --seed (CI)")
     parser.add_argument("--seed", type=int, default=17, help="the sample's seed (default 17)")
-    parser.add_argument("--sample-groups", type=int, default=None, metavar="K", help="draw the sample from K groups "
-                        "chosen by the seed (each costs its mutmut set-up and statistics run, however few it gives)")
-    parser.add_argument("--survivors", action="store_true", help=f"only the mutants the last run recorded in "
-                        f"{RESULTS.parent.name}/ left standing (of the --module ones when named), with today's tests; "
-                        "refused when the group's code changed since that run")
-    parser.add_argument("--jobs", type=int, default=1, help="groups run at once (default 1): a group's statistics "
-                        "run takes one core, so a sample of few mutants from several groups gains from 2")
+    parser.add_argument("--sample-groups", type=int, default=None, metavar="K", help="draw from K groups chosen by "
+                        "the seed (each costs a mutmut set-up and statistics run)")
+    parser.add_argument("--survivors", action="store_true", help=f"only the mutants the last run in {RESULTS.parent.name}/"
+                        " left standing, with today's tests (refused when the group's code changed since)")
+    parser.add_argument("--jobs", type=int, default=1, help="groups run at once (default 1)")
     parser.add_argument("--save", action="store_true", help=f"record the run and rewrite {SCORES.name}")
     options = parser.parse_args()
     listed = read_survivors()
