@@ -15,8 +15,7 @@ import pytest
 from gpu_support import GPU, MODES, using_mode
 
 
-#: node id -> the device mode its test runs in ("kernel", "reference" or "-" for mode-independent tests).
-_MODE_OF = {}
+#: node id -> (the device mode its test ran in: "kernel", "reference" or "-" for mode-independent tests; outcome).
 _OUTCOMES = {}
 
 
@@ -31,13 +30,11 @@ def _mode_of(item) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
-        _MODE_OF[item.nodeid] = _mode_of(item)
-    if GPU:
-        return
     skip = pytest.mark.skip(reason="no CUDA device: the GPU tests run on the GPU machine")
-    for item in items:
-        if "/gpu/" in str(item.fspath):
+    for item in (item for item in items if "/gpu/" in str(item.fspath)):
+        # In the report: under xdist the workers collect the items, and the summary is printed elsewhere.
+        item.user_properties.append(("device_mode", _mode_of(item)))
+        if not GPU:
             item.add_marker(skip)
 
 
@@ -61,7 +58,7 @@ def reference_mode():
 
 def pytest_runtest_logreport(report):
     if report.when == "call" or report.outcome != "passed":  # a setup skip or error counts once
-        _OUTCOMES.setdefault(report.nodeid, report.outcome)
+        _OUTCOMES.setdefault(report.nodeid, (dict(report.user_properties).get("device_mode", "-"), report.outcome))
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -69,7 +66,7 @@ def pytest_terminal_summary(terminalreporter):
     if not GPU or not _OUTCOMES:
         return
     for mode in (*MODES, "-"):
-        outcomes = [outcome for nodeid, outcome in _OUTCOMES.items() if _MODE_OF.get(nodeid, "-") == mode]
+        outcomes = [outcome for ran_in, outcome in _OUTCOMES.values() if ran_in == mode]
         if outcomes:
             counts = ", ".join(f"{outcomes.count(kind)} {kind}" for kind in ("passed", "failed", "skipped")
                                if outcomes.count(kind))
