@@ -1,12 +1,13 @@
 """docs/compatibility.md from the matrix's legs: the tables, the prose around them, and what each cell means.
 
-``run_matrix.py`` runs the legs and hands their reports to :func:`render`.
+``run_matrix.py`` runs the legs, reads each one's JUnit report with :func:`read_leg` and hands them to :func:`render`.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +28,33 @@ CHECKS = {
     "attention wrappers compiled": "tests/declared/test_attention_wrappers.py",
     "MLA wrapper compiled": "tests/declared/test_mla_wrapper.py",
 }
+
+
+def check_files() -> list:
+    return [path for path in CHECKS.values() if (ROOT / path).exists()]
+
+
+def read_leg(reports) -> dict:
+    """Counts per CHECKS file, failures, outcomes and skip reasons of JUnit reports, less the tests that
+    ``tests/conftest.py`` marks ``release_independent`` in them (a whole-suite report has them; a leg's run has not)."""
+    modules = {path: path.removesuffix(".py").replace("/", ".") for path in check_files()}
+    counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in modules}
+    failures, outcomes, skip_reasons = [], {}, {}
+    for case in (case for report in reports for case in ElementTree.parse(report).iter("testcase")):
+        classname, name = case.get("classname", ""), case.get("name", "")
+        path = next((p for p, m in modules.items() if classname == m or classname.startswith(m + ".")), None)
+        if path is None or "release_independent" in {prop.get("name") for prop in case.iter("property")}:
+            continue
+        outcome = "passed"
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+            failures.append(f"{classname}::{name}")
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+            skip_reasons[name] = case.find("skipped").get("message", "")
+        counts[path][outcome] += 1
+        outcomes[name] = outcome
+    return {"counts": counts, "failures": failures, "outcomes": outcomes, "skip_reasons": skip_reasons}
 
 
 def release_of(name: str) -> str:

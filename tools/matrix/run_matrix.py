@@ -26,11 +26,10 @@ import sys
 import tempfile
 import threading
 import time
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Optional
 
-from compatibility import CHECKS, render
+from compatibility import check_files, read_leg, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -192,33 +191,6 @@ def run_tests(site: Site, inductor_cache: Path) -> dict:
             "tail": completed.stdout[-3000:] if leg["failures"] else ""}
 
 
-def check_files() -> list:
-    return [path for path in CHECKS.values() if (ROOT / path).exists()]
-
-
-def read_leg(reports) -> dict:
-    """Counts per CHECKS file, failures, outcomes and skip reasons of JUnit reports, less the tests that
-    ``tests/conftest.py`` marks ``release_independent`` in them (a whole-suite report has them; a leg's run has not)."""
-    modules = {path: path.removesuffix(".py").replace("/", ".") for path in check_files()}
-    counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in modules}
-    failures, outcomes, skip_reasons = [], {}, {}
-    for case in (case for report in reports for case in ElementTree.parse(report).iter("testcase")):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        path = next((p for p, m in modules.items() if classname == m or classname.startswith(m + ".")), None)
-        if path is None or "release_independent" in {prop.get("name") for prop in case.iter("property")}:
-            continue
-        outcome = "passed"
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome = "failed"
-            failures.append(f"{classname}::{name}")
-        elif case.find("skipped") is not None:
-            outcome = "skipped"
-            skip_reasons[name] = case.find("skipped").get("message", "")
-        counts[path][outcome] += 1
-        outcomes[name] = outcome
-    return {"counts": counts, "failures": failures, "outcomes": outcomes, "skip_reasons": skip_reasons}
-
-
 def installed_leg(reports: list) -> tuple:
     """(release, leg) of this environment's own FlashInfer and torch, from the JUnit reports of the whole suite
     run here (CI's README command and slow tier): they ran every file of CHECKS on exactly this leg."""
@@ -329,7 +301,14 @@ def run_all(options, scratch: Path) -> tuple:
         report(own[0], own[1])
         print(f"flashinfer {own[0]}: read from {', '.join(map(str, options.installed_leg_from))} (this "
               "environment's release and torch)", flush=True)
-    queue = Legs(cpu_leg(version) for version in options.versions if version not in legs)
+
+    def refusal(version: str):  # first in the queue: seconds, which would otherwise run alone after every leg
+        def probe() -> None:
+            result = refusals[version] = probe_refusal(install(version, wheels, scratch))
+            print(f"flashinfer {version} (unsupported): {'refused cleanly' if result['ok'] else result}", flush=True)
+        return probe
+
+    queue = Legs([*map(refusal, UNSUPPORTED), *(cpu_leg(v) for v in options.versions if v not in legs)])
     for version, torch in options.other_torch:
         queue.build(lambda version=version, torch=torch: other_torch_leg(version, torch))
 
@@ -347,10 +326,6 @@ def run_all(options, scratch: Path) -> tuple:
         thread.join()
     if errors:
         raise errors[0]
-    for version in UNSUPPORTED:
-        refusals[version] = probe_refusal(install(version, wheels, scratch))
-        print(f"flashinfer {version} (unsupported): "
-              f"{'refused cleanly' if refusals[version]['ok'] else refusals[version]}", flush=True)
     order = [*options.versions, *(leg_name(v, t) for v, t in options.other_torch)]
     missing = [name for name in order if name not in legs]
     if missing:
