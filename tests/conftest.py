@@ -45,7 +45,7 @@ hypothesis.settings.load_profile("mutmut" if "MUTANT_UNDER_TEST" in os.environ e
 
 def pytest_itemcollected(item):
     """Named in the JUnit report too: the FlashInfer matrix reads its installed release's leg from the README
-    command's report (tools/matrix/run_matrix.py --installed-leg-from) and leaves these out, as its legs do."""
+    command's and the slow tier's reports (run_matrix.py --installed-leg-from) and leaves these out, as legs do."""
     if item.get_closest_marker("release_independent"):
         item.user_properties.append(("release_independent", "true"))
 
