@@ -151,8 +151,9 @@ def torch_environment(version: str, torch: str, scratch: Path) -> Site:
     root = scratch / f"torch-{torch}"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     python = str(root / "bin" / "python")
-    pip("install", f"torch=={torch}", python=python)
-    pip("install", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python)
+    # --no-compile: the leg compiles the modules it imports, not the thousands of torch and FlashInfer it never does
+    pip("install", "--no-compile", f"torch=={torch}", python=python)
+    pip("install", "--no-compile", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python)
     return Site(version, None, python)
 
 
