@@ -302,6 +302,9 @@ def run_all(options, scratch: Path) -> tuple:
         report(own[0], own[1])
         print(f"flashinfer {own[0]}: read from {', '.join(map(str, options.installed_leg_from))} (this "
               "environment's release and torch)", flush=True)
+    elif own is not None:
+        print(f"--installed-leg-from: this environment's flashinfer {own[0]} is not among --versions; the reports "
+              "are not used", flush=True)
 
     def refusal(version: str):  # first in the queue: seconds, which would otherwise run alone after every leg
         def probe() -> None:
