@@ -24,7 +24,6 @@ import argparse
 import os
 import re
 import sys
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,16 +31,17 @@ RECORD = ROOT / "src" / "_fp4_dynamo_shim" / "declared" / "proven.py"
 TEST = "test_public_function_traces_compiles_bit_exact_captures_and_passes_opcheck"
 #: The run's facts a record carries as fields (status() shows them; verify prints the first four).
 MEASURED = ("date", "machine", "torch", "shim", "functions_passed", "functions_run")
-sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support")]
+sys.path[:0] = [str(ROOT / "src"), str(ROOT / "tests" / "support"), str(ROOT / "tools")]
+import junit_reports  # noqa: E402
 
 
 def gpu_outcomes(junit: Path) -> dict:
     """public function -> passed (True/False), from the GPU run's JUnit XML."""
     outcomes = {}
-    for case in ElementTree.parse(junit).iter("testcase"):
-        match = re.fullmatch(rf"{TEST}\[(.+)\]", case.get("name", ""))
-        if match and case.find("skipped") is None:
-            outcomes[match.group(1)] = case.find("failure") is None and case.find("error") is None
+    for case in junit_reports.cases([junit]):
+        match = re.fullmatch(rf"{TEST}\[(.+)\]", case.name)
+        if match and case.outcome != "skipped":
+            outcomes[match.group(1)] = case.outcome == "passed"
     return outcomes
 
 
@@ -50,14 +50,12 @@ def recorded_outcomes(junit: Path) -> tuple[dict, dict]:
     they reached as JUnit properties (a stateful wrapper's run() cannot be traced on fake tensors here: its
     plan() computes on the host). A function passes when every one of its tests does."""
     outcomes, ops = {}, {}
-    for case in ElementTree.parse(junit).iter("testcase"):
-        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
-        if "function" not in properties or case.find("skipped") is not None:
+    for case in junit_reports.cases([junit]):
+        if "function" not in case.properties or case.outcome == "skipped":
             continue
-        name = properties["function"]
-        passed = case.find("failure") is None and case.find("error") is None
-        outcomes[name] = outcomes.get(name, True) and passed
-        ops.setdefault(name, set()).update(filter(None, properties.get("declared_ops", "").split(",")))
+        name = case.properties["function"]
+        outcomes[name] = outcomes.get(name, True) and case.outcome == "passed"
+        ops.setdefault(name, set()).update(filter(None, (case.properties.get("declared_ops") or "").split(",")))
     return outcomes, ops
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import sys
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import junit_reports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,20 +42,16 @@ def read_leg(reports) -> dict:
     modules = {path: path.removesuffix(".py").replace("/", ".") for path in check_files()}
     counts = {path: {"passed": 0, "failed": 0, "skipped": 0} for path in modules}
     failures, outcomes, skip_reasons = [], {}, {}
-    for case in (case for report in reports for case in ElementTree.parse(report).iter("testcase")):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        path = next((p for p, m in modules.items() if classname == m or classname.startswith(m + ".")), None)
-        if path is None or "release_independent" in {prop.get("name") for prop in case.iter("property")}:
+    for case in junit_reports.cases(reports):
+        path = next((p for p, m in modules.items() if case.classname == m or case.classname.startswith(m + ".")), None)
+        if path is None or "release_independent" in case.properties:
             continue
-        outcome = "passed"
-        if case.find("failure") is not None or case.find("error") is not None:
-            outcome = "failed"
-            failures.append(f"{classname}::{name}")
-        elif case.find("skipped") is not None:
-            outcome = "skipped"
-            skip_reasons[name] = case.find("skipped").get("message", "")
-        counts[path][outcome] += 1
-        outcomes[name] = outcome
+        if case.outcome == "failed":
+            failures.append(f"{case.classname}::{case.name}")
+        elif case.outcome == "skipped":
+            skip_reasons[case.name] = case.message
+        counts[path][case.outcome] += 1
+        outcomes[case.name] = case.outcome
     return {"counts": counts, "failures": failures, "outcomes": outcomes, "skip_reasons": skip_reasons}
 
 

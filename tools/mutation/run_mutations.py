@@ -26,9 +26,11 @@ import sys
 import tempfile
 import time
 import tomllib
-import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import junit_reports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 CURATED = Path(__file__).resolve().parent / "mutations.toml"
@@ -102,12 +104,10 @@ def failed_tests(report: Path) -> list:
     """``classname::name: first line of the failure`` per failed test (the line tells a kill by the mutation
     from one by something else: a lost GPU, a taken port)."""
     failed = []
-    if report.exists():
-        for case in ElementTree.parse(report).iter("testcase"):
-            problem = case.find("failure") if case.find("failure") is not None else case.find("error")
-            if problem is not None:
-                message = (problem.get("message") or "").strip().splitlines()
-                failed.append(f"{case.get('classname')}::{case.get('name')}: {message[0][:160] if message else ''}")
+    for case in junit_reports.cases([report] if report.exists() else []):
+        if case.outcome == "failed":
+            message = case.message.strip().splitlines()
+            failed.append(f"{case.classname}::{case.name}: {message[0][:160] if message else ''}")
     return failed
 
 
@@ -202,13 +202,8 @@ def passed_in_reports(tests: tuple, reports: list) -> list:
     """The named tests (``path::name`` or ``path::name[params]`` or ``path``) that did not pass in the JUnit
     ``reports``: not found, or found failing."""
     outcomes = {}
-    for report in reports:
-        for case in ElementTree.parse(report).iter("testcase"):
-            path = case.get("classname", "").replace(".", "/") + ".py"
-            bad = case.find("failure") is not None or case.find("error") is not None
-            skipped = case.find("skipped") is not None
-            outcomes.setdefault(f"{path}::{case.get('name')}", set()).add("failed" if bad else
-                                                                           "skipped" if skipped else "passed")
+    for case in junit_reports.cases(reports):
+        outcomes.setdefault(f"{case.classname.replace('.', '/')}.py::{case.name}", set()).add(case.outcome)
     missing = []
     for test in tests:
         matching = [seen for name, seen in outcomes.items()
