@@ -65,8 +65,18 @@ print(json.dumps(report))
 STAND_IN = ROOT / "tools" / "matrix" / "gpu_query_stand_in"
 
 
-def pip(*arguments: str, python: str = sys.executable) -> None:
-    subprocess.run([python, "-m", "pip", "-q", *arguments], check=True)
+def pip(*arguments: str, python: str = sys.executable, attempts: int = 1) -> None:
+    """pip, its output kept; a failure raises with the output's end, which is where CI's log shows it (the
+    legs' threads report their errors after every other leg's lines). ``attempts``: for a step that reaches the
+    registry for many packages, where one fetch that fails is no fault of the project."""
+    for attempt in range(1, attempts + 1):
+        completed = subprocess.run([python, "-m", "pip", "-q", *arguments], capture_output=True, text=True)
+        if completed.returncode == 0:
+            return
+        tail = (completed.stdout + completed.stderr)[-3000:]
+        if attempt < attempts:
+            print(f"pip {' '.join(arguments)} failed (attempt {attempt} of {attempts}), again:\n{tail}", flush=True)
+    raise SystemExit(f"pip {' '.join(arguments)} failed (exit {completed.returncode}):\n{tail}")
 
 
 def newest_release(wheels: Path) -> str:
@@ -152,8 +162,8 @@ def torch_environment(version: str, torch: str, scratch: Path) -> Site:
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     python = str(root / "bin" / "python")
     # --no-compile: the leg compiles the modules it imports, not the thousands of torch and FlashInfer it never does
-    pip("install", "--no-compile", f"torch=={torch}", python=python)
-    pip("install", "--no-compile", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python)
+    pip("install", "--no-compile", f"torch=={torch}", python=python, attempts=2)
+    pip("install", "--no-compile", f"flashinfer-python=={version}", f"{ROOT}[test]", python=python, attempts=2)
     return Site(version, None, python)
 
 
