@@ -7,7 +7,8 @@ unmutated copy must pass the same tests first, here or in the JUnit reports of a
 
 With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
 FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
-those imports were 7 to 8 s of each mutation's 10 s. With a CUDA torch each is a fresh interpreter, since
+those imports were 7 to 8 s of each mutation's 10 s; it has also compiled one small function, since a first
+compile's set-up was most of what remained. With a CUDA torch each is a fresh interpreter, since
 CUDA cannot be used in a forked child once the parent touched it. Exits 1 when a mutation survives, when a
 snippet is missing or ambiguous, or when the unmutated baseline fails.
 """
@@ -117,16 +118,30 @@ PRELOADED = ("torch", "torch._dynamo", "torch._dynamo.testing", "torch._inductor
 
 
 def preload() -> None:
-    # Inductor reads its cache switches when its config is imported, here, not in the forks.
-    os.environ.update({k: v for k, v in compile_caches_of(ROOT).items() if k != "TORCHINDUCTOR_CACHE_DIR"})
+    # Inductor reads its cache switches when its config is imported, here, not in the forks. One compile
+    # thread: with more, Inductor compiles in a pool of threads and a process of this one, which no fork inherits
+    # (each would start its own: an interpreter that imports torch).
+    os.environ.update({k: v for k, v in compile_caches_of(ROOT).items() if k != "TORCHINDUCTOR_CACHE_DIR"},
+                      TORCHINDUCTOR_COMPILE_THREADS="1")
     for name in PRELOADED:
         try:
             importlib.import_module(name)
         except ImportError:
             pass
+    warm_compile()
     leaked = sorted(name for name in sys.modules if name.split(".")[0] in ("fp4_dynamo_shim", "fp4_dynamo_shim_hook"))
     if leaked:  # the forks must import the shim from the mutated copy
         raise RuntimeError(f"preloading imported the shim itself: {leaked}")
+
+
+def warm_compile() -> None:
+    """One small function compiled through Dynamo, AOTAutograd and Inductor: a process's first compile imports
+    and sets up most of them (about 4 s of Dynamo alone, more with Inductor), which each fork would repeat."""
+    import torch
+
+    for backend in ("aot_eager", "inductor"):
+        torch.compile(lambda x: x * 2 + 1, fullgraph=True, backend=backend)(torch.ones(8))
+    torch._dynamo.reset()
 
 
 def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
