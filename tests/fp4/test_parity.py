@@ -1,10 +1,11 @@
 """The shim calls FlashInfer's JIT-module entry with exactly the arguments FlashInfer's own path passes.
 
 Both sides are called the way users call them: FlashInfer's ``fp4_quantize`` with the shim reverted, and
-the public (shimmed) ``flashinfer.fp4_quantize`` with the launcher that ``apply()`` built. Stand-ins, because there is no GPU here: the JIT module itself (a recorder, since
-building it needs nvcc and a GPU); the device queries both sides make (one visible GPU, compute
-capability 10.0, PDL supported), which are what an SM100 machine answers; and CPU tensors take that
-GPU's launcher (they cannot be CUDA tensors here). Everything between is the real code of both sides.
+the public (shimmed) ``flashinfer.fp4_quantize`` with the launcher that ``apply()`` built. Stand-ins, because
+there is no GPU here: the JIT module itself (a recorder, since building it needs nvcc and a GPU); the device
+queries both sides make (one visible GPU, compute capability 10.0, PDL supported), which are what an SM100
+machine answers; and CPU tensors take that GPU's launcher (they cannot be CUDA tensors here). Everything
+between is the real code of both sides.
 """
 
 from __future__ import annotations
