@@ -285,13 +285,14 @@ def test_revert_takes_the_wrappers_back_and_compiling_fails_again_as_without_the
     fp4_dynamo_shim.revert()
     try:
         assert not any(name in vars(case.wrapper) for case in CASES.values() for name in ("_plan_info", *SIZES))
-        _plan(wrapper, [3, 1])
-        assert wrapper._plan_info == [2, 4, 3, 0, 1]  # FlashInfer's own attribute again
+        _plan(wrapper, [3, 2])
+        assert wrapper._plan_info == [2, 5, 3, 0, 1]  # FlashInfer's own attribute again
         torch._dynamo.reset()
         with pytest.raises(torch._dynamo.exc.Unsupported):
             torch.compile(lambda q: wrapper.run(q, cache), fullgraph=True, backend="aot_eager")(_query(2))
     finally:
         assert fp4_dynamo_shim.apply()  # under the fixture's gate, for the tests after this one
+    assert wrapper._plan_info == [2, 5, 3, 0, 1]  # eagerly, the plan stored while reverted, not the one before
     torch._dynamo.reset()
     with pytest.raises(torch._dynamo.exc.Unsupported, match=(  # a plan stored while reverted
             r"this BatchDecodeWithPagedKVCacheWrapper was planned before the shim applied: call plan\(\) again "
