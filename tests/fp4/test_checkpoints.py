@@ -138,3 +138,52 @@ def test_weights_dequantize_to_what_was_quantized(written):
     error = (restored.view_as(blocks) - blocks).abs()
     assert (error <= blocks.abs().amax(-1, keepdim=True) / 6 + blocks.abs().amax(-1, keepdim=True) / 16).all()
     assert torch.corrcoef(torch.stack([restored.flatten(), original.float().flatten()]))[0, 1] > 0.98
+
+
+def _rms(x, weight):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * weight
+
+
+def _rope(x, theta):
+    half = x.shape[-1] // 2
+    angles = torch.arange(x.shape[0])[:, None] * theta ** (-torch.arange(half) / half)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+    return torch.cat([x[..., :half] * cos - x[..., half:] * sin, x[..., half:] * cos + x[..., :half] * sin], -1)
+
+
+def _last_logits(tensors, ids, theta):
+    """The next token's logits of the bf16 Qwen3 model in float32: what SGLang computes, in plain torch (GQA,
+    q/k norms, rotary embedding, SwiGLU), close enough to judge how far apart the best two tokens are."""
+    h = checkpoints.HEAD_DIM
+    x, rows = tensors["model.embed_tokens.weight"][ids], len(ids)
+    for layer in range(checkpoints.LAYERS):
+        w = {name[len(f"model.layers.{layer}."):]: t for name, t in tensors.items()
+             if name.startswith(f"model.layers.{layer}.")}
+        y = _rms(x, w["input_layernorm.weight"])
+        q, k, v = (y @ w[f"self_attn.{n}_proj.weight"].T for n in "qkv")
+        q = _rope(_rms(q.view(rows, -1, h), w["self_attn.q_norm.weight"]), theta)
+        k = _rope(_rms(k.view(rows, -1, h), w["self_attn.k_norm.weight"]), theta)
+        k, v = (t.repeat_interleave(q.shape[1] // t.shape[1], 1) for t in (k, v.view(rows, -1, h)))
+        scores = torch.einsum("qhd,khd->hqk", q, k) / h ** 0.5
+        scores = scores.masked_fill(torch.ones(rows, rows, dtype=torch.bool).triu(1), float("-inf"))
+        x = x + torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(rows, -1) @ w["self_attn.o_proj.weight"].T
+        y = _rms(x, w["post_attention_layernorm.weight"])
+        x = x + (torch.nn.functional.silu(y @ w["mlp.gate_proj.weight"].T) * (y @ w["mlp.up_proj.weight"].T)) @ w[
+            "mlp.down_proj.weight"].T
+    return _rms(x[-1], tensors["model.norm.weight"]) @ tensors["lm_head.weight"].T
+
+
+def test_a_decisive_checkpoint_has_no_near_tie_for_greedy_decoding_to_flip():
+    """Greedy ids are compared between SGLang runs with and without the shim (tools/gpu/graph_breaks.py): with
+    random weights the best two tokens are often within float error of each other, so the order of float operations
+    decides; a decisive checkpoint keeps the greedy token ahead by a wide margin at every step."""
+    tensors = {name: t.float() for name, t in checkpoints.bf16_tensors("qwen3", decisive=True).items()}
+    margins = []
+    for prompt in range(2):
+        ids = torch.randint(3, checkpoints.VOCAB, (8,), generator=torch.Generator().manual_seed(prompt))
+        for _ in range(16):
+            logits = _last_logits(tensors, ids, checkpoints.ARCHITECTURES["qwen3"]["rope_theta"])
+            best = logits.topk(2).values
+            margins.append(float(best[0] - best[1]))
+            ids = torch.cat([ids, logits.argmax().view(1)])
+    assert min(margins) > 50, margins

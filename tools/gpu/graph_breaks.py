@@ -11,7 +11,8 @@ Each case is one engine (``tests/gpu/engine/run_engine.py --torch-compile --deco
 its decode (the median of five) alone, once every engine is ready (``--decode-turns``). A break is counted once,
 at the place Dynamo names (the innermost user frame), and is FlashInfer's when that place is a file of the
 ``flashinfer`` package. Writes ``breaks.json`` (per case: breaks, FlashInfer's, the count at each place,
-decode tokens/s, the greedy ids and whether they equal those of the same attention backend without the shim)
+decode tokens/s, the greedy ids, whether they equal those of the same attention backend without the shim, and
+how near a tie the closest greedy choice came; the checkpoint is a decisive one, tests/gpu/engine/checkpoints.py)
 and each case's log, rewritten as each case ends, so a run its call's limit stops keeps the
 cases done. Six engines compiling at once on the H200's 16 cores were not all ready after 250 s; three were
 ready and timed in 186 s (2026-12-03): name at most three cases per call.
@@ -56,8 +57,16 @@ def summarise(run: dict) -> dict:
             "graph_breaks": sum(places.values()), "flashinfer_breaks": sum(theirs.values()),
             "breaks_at": dict(places.most_common()),
             "decode_tokens_per_s": run.get("decode_tokens_per_s"), "decode_runs": run.get("decode_tokens_per_s_runs"),
-            "output_ids": run.get("output_ids"), "top_logprobs": run.get("top_logprobs"),
+            "output_ids": run.get("output_ids"), "closest_margin": closest_margin(run.get("top_logprobs")),
+            "top_logprobs": run.get("top_logprobs"),
             "shim_applied": [s.get("shim", {}).get("applied") for s in run["schedulers"]]}
+
+
+def closest_margin(top_logprobs):
+    """The smallest lead of a generated token's logprob over the runner-up's, over every prompt and step: how near
+    a tie the greedy choice came (None without logprobs)."""
+    leads = [token[0][0] - token[1][0] for prompt in top_logprobs or [] for token in prompt if len(token) > 1]
+    return min(leads) if leads else None
 
 
 def first_difference(case: dict, baseline: dict):
@@ -87,7 +96,9 @@ def main(out: Path, architecture: str, names: list) -> int:
     import test_gpu_engine as engine_test  # its engine runner and checkpoints (on the GPU machine only)
 
     turns = out / "decode-turns"  # the engines start together; each times its decode alone on the GPU
-    model = engine_test.checkpoints.write_checkpoint(architecture, Path("/tmp/graph-breaks-model") / architecture)
+    # Decisive: no near tie between the best two tokens, so a greedy id differs only where the model's outputs do.
+    model = engine_test.checkpoints.write_checkpoint(architecture, Path("/tmp/graph-breaks-model") / architecture,
+                                                     decisive=True)
     for name in names:
         arguments, environment = CASES[name]
         engine_test.CASES[name] = {"env": environment, "args": [

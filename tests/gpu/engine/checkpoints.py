@@ -25,6 +25,13 @@ Laid out exactly as SGLang 0.5.11's ``modelopt_quant.py`` loads them (read from 
 
 Weights are random bf16 quantized with the project's reference quantizer (global scale
 ``1 / weight_scale_2``, ``weight_scale_2 = amax / (6 * 448)``), so they dequantize to sensible values.
+Random weights leave near ties between the best two tokens, where a different order of float operations (a
+compiled graph against eager kernels) picks the other one. ``decisive=True`` writes a checkpoint with none, for
+comparing greedy ids: ``lm_head`` row ``successor[i]`` is token ``i``'s embedding, so each token's own embedding,
+still in the residual stream after the layers added theirs, makes its successor the greedy choice by a wide margin,
+while the attention and MLP outputs, at their random scale, still move every logit. In a float32 forward of the
+bf16 Llama and Qwen3 models (four prompts, 32 greedy steps each), the best two tokens were at least 98 logits apart
+(median 134), against a median of 0.2 and exact ties with random weights.
 All dimensions are multiples of 128 where SGLang pads or its MoE kernels need it. Written with the
 ``safetensors`` library.
 """
@@ -114,9 +121,9 @@ def _mla_attention(generator, prefix, config):
     }
 
 
-def bf16_model(architecture: str, seed: int = 0):
+def bf16_model(architecture: str, seed: int = 0, decisive: bool = False):
     """(the bf16 tensors that stay bf16, the bf16 weights of the quantized linears grouped as SGLang fuses
-    them: ``[(prefix, {name: weight})]``), from one seeded generator."""
+    them: ``[(prefix, {name: weight})]``), from one seeded generator (``decisive``: module docstring)."""
     generator = torch.Generator().manual_seed(seed)
     config = {**COMMON, **ARCHITECTURES[architecture]}
     plain = {
@@ -157,13 +164,27 @@ def bf16_model(architecture: str, seed: int = 0):
             groups += _mlp(generator, f"{prefix}.mlp.shared_experts", MOE_INTERMEDIATE * config["n_shared_experts"])
         else:
             groups += _mlp(generator, f"{prefix}.mlp", INTERMEDIATE)
+    if decisive:
+        plain["lm_head.weight"] = decisive_lm_head(plain["model.embed_tokens.weight"], generator)
     return plain, groups
 
 
-def model_tensors(architecture: str, seed: int = 0) -> dict:
+def successors(generator) -> torch.Tensor:
+    """The token each token leads to under a decisive ``lm_head``: a random permutation of the vocabulary."""
+    return torch.randperm(VOCAB, generator=generator)
+
+
+def decisive_lm_head(embeddings: torch.Tensor, generator) -> torch.Tensor:
+    """``lm_head`` whose row ``successor[i]`` is token ``i``'s embedding (the successors drawn from ``generator``)."""
+    head = torch.empty_like(embeddings)
+    head[successors(generator)] = embeddings
+    return head
+
+
+def model_tensors(architecture: str, seed: int = 0, decisive: bool = False) -> dict:
     """Every tensor of the checkpoint: fused groups share one weight_scale_2 and one input_scale (SGLang
     keeps the max of each over the group)."""
-    plain, groups = bf16_model(architecture, seed)
+    plain, groups = bf16_model(architecture, seed, decisive)
     tensors = dict(plain)
     input_scale = torch.tensor(INPUT_AMAX / (6 * 448), dtype=torch.float32)
     for prefix, weights in groups:
@@ -182,22 +203,23 @@ def exclude_modules(architecture: str) -> list:
             + (["model.layers.*.self_attn*"] if architecture == "deepseek_v3" else []))
 
 
-def bf16_tensors(architecture: str, seed: int = 0) -> dict:
+def bf16_tensors(architecture: str, seed: int = 0, decisive: bool = False) -> dict:
     """The same model unquantized: what the NVFP4 checkpoint's linears were quantized from."""
-    plain, groups = bf16_model(architecture, seed)
+    plain, groups = bf16_model(architecture, seed, decisive)
     return {**plain, **{f"{prefix}.{name}.weight": weight for prefix, weights in groups
                         for name, weight in weights.items()}}
 
 
-def write_checkpoint(architecture: str, directory: Path, seed: int = 0, bf16: bool = False) -> Path:
+def write_checkpoint(architecture: str, directory: Path, seed: int = 0, bf16: bool = False,
+                     decisive: bool = False) -> Path:
     """Write ``config.json``, the quantization config and ``model.safetensors`` for one architecture
-    (``bf16``: the unquantized model, no quantization config)."""
+    (``bf16``: the unquantized model, no quantization config; ``decisive``: no near ties, module docstring)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     config = {**COMMON, **ARCHITECTURES[architecture]}
     if bf16:
         (directory / "config.json").write_text(json.dumps(config, indent=2))
-        tensors = {name: tensor.contiguous() for name, tensor in bf16_tensors(architecture, seed).items()}
+        tensors = {name: tensor.contiguous() for name, tensor in bf16_tensors(architecture, seed, decisive).items()}
         save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
         return directory
     if FLAT_CONFIG[architecture]:
@@ -209,6 +231,6 @@ def write_checkpoint(architecture: str, directory: Path, seed: int = 0, bf16: bo
             "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": None, "group_size": 16,
                              "exclude_modules": exclude_modules(architecture)}}, indent=2))
     (directory / "config.json").write_text(json.dumps(config, indent=2))
-    tensors = {name: tensor.contiguous() for name, tensor in model_tensors(architecture, seed).items()}
+    tensors = {name: tensor.contiguous() for name, tensor in model_tensors(architecture, seed, decisive).items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
     return directory
