@@ -146,8 +146,10 @@ class Site:
 
 def install(version: str, wheels: Path, scratch: Path) -> Site:
     directory = scratch / f"flashinfer-{version}"
-    pip("install", "--no-deps", "--no-index", "--no-cache-dir", "--find-links", str(wheels), "--target",
-        str(directory), f"flashinfer-python=={version}")
+    # --no-compile: pip byte-compiles every module of the release otherwise (0.7.4's wheel: 30 s against 7 s
+    # without); the leg compiles only the modules it imports
+    pip("install", "--no-deps", "--no-index", "--no-cache-dir", "--no-compile", "--find-links", str(wheels),
+        "--target", str(directory), f"flashinfer-python=={version}")
     site = Site(version, directory)
     found = site.run("import importlib.metadata as m; print(m.version('flashinfer-python'))").stdout.strip()
     if found != version:  # the leg would test another release than it says
