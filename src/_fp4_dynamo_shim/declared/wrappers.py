@@ -19,7 +19,8 @@ cached on the wrapper (``self._cached_module``), with the plan's int list (``sel
   not constants, under every ``dynamic=`` setting.
 
 Eager ``run()`` is FlashInfer's function; it reads these attributes through the properties: one Python call each,
-which reads a copy the setter keeps under an attribute name written in its code (a specialised attribute load).
+which reads a copy the setter keeps under an attribute name written in its code (a specialised attribute load);
+a wrapper planned before apply, or while reverted, gets that copy at its first read.
 What compiled code takes is made only once Dynamo needs it: until Dynamo first traces a wrapper's ``run()`` after
 apply, ``plan()`` stores FlashInfer's values and remembers the wrapper (all an eager program pays); that trace
 makes the carried values of every wrapper planned so far, and from then on each ``plan()`` makes them as it stores
