@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -186,6 +187,24 @@ def test_a_saved_run_rewrites_its_groups_rows_and_sample_and_keeps_the_others(tm
     assert set(kept) < set(drawn)
     assert len(set(drawn) - set(kept)) == run_mutmut.SAMPLE_PER_GROUP
     assert all(statuses.get(name) == "killed" for name in set(drawn) - set(kept))
+
+
+def test_a_saved_run_keeps_the_rows_of_groups_it_did_not_run_whatever_results_json_holds(tmp_path, monkeypatch):
+    group, other = run_mutmut.GROUPS[0], run_mutmut.GROUPS[-1]
+    module = next(iter(group.modules))
+    stem = group.modules[module][0].rstrip("*") + "x_f__mutmut_"
+    # .mutation/results.json as an earlier run of another group left it (an experiment since reverted)
+    stale = {"groups": {other.name: {"commit": "0000000", "date": "2026-01-01", "seconds": 1, "code": {}}},
+             "mutants": {}}
+    committed_files = {"RESULTS": None, "SCORES": run_mutmut.SCORES, "KILLED_SAMPLE": run_mutmut.KILLED_SAMPLE}
+    for name, committed in committed_files.items():
+        copy = tmp_path / name
+        copy.write_text(committed.read_text() if committed else json.dumps(stale))
+        monkeypatch.setattr(run_mutmut, name, copy)
+    run_mutmut.save({f"{stem}1": "killed"}, {group.name: 5.0}, False, {}, "abc1234", {group.name: {}})
+    rows, committed = run_mutmut.read_scores(tmp_path / "SCORES"), run_mutmut.read_scores()
+    assert rows[module]["run"].startswith("abc1234, ")
+    assert {m: rows[m] for m in other.modules} == {m: committed[m] for m in other.modules}
 
 
 def test_a_failed_clean_run_reports_pytests_lines_however_long_the_spinner_ran():

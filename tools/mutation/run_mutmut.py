@@ -279,7 +279,7 @@ def why_not_the_same_mutants(group: Group, run: dict):
 
 def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copied_at: str, code: dict) -> None:
     """Merge this run into .mutation/results.json (a full run replaces its groups' mutants, a survivors-only run
-    the statuses it reran, recorded beside its full run), then scores.md and, after a full run, killed_sample.txt."""
+    the statuses it reran), then the parts of scores.md and (full run) killed_sample.txt of the groups run now."""
     record = json.loads(RESULTS.read_text()) if RESULTS.exists() else {"groups": {}, "mutants": {}}
     today = datetime.date.today().isoformat()
     for group in GROUPS:
@@ -296,10 +296,11 @@ def save(outcome: dict, seconds: dict, survivors_only: bool, listed: dict, copie
     record["mutants"].update(outcome)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    write_scores(record, listed)
+    ran_now = {**record, "groups": {g: r for g, r in record["groups"].items() if g in seconds}}
+    write_scores(ran_now, listed, SCORES)
     if not survivors_only:
-        write_killed_sample({**record, "groups": {g: r for g, r in record["groups"].items() if g in seconds}})
-    print(f"wrote {RESULTS.relative_to(ROOT)}, {SCORES.name}" + ("" if survivors_only else f", {KILLED_SAMPLE.name}"))
+        write_killed_sample(ran_now, KILLED_SAMPLE)
+    print(f"wrote {RESULTS.name}, {SCORES.name}" + ("" if survivors_only else f", {KILLED_SAMPLE.name}"))
 
 
 def main() -> int:
