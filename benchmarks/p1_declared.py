@@ -17,9 +17,12 @@ Columns (microseconds per call, same inputs, same kernel):
   function, i.e. the JIT call with FlashInfer's argument conversions).
 
 Rounds alternate between candidates (each round also reverts the shim once, for the ``flashinfer`` column);
-ratios are medians of per-round ratios.
+ratios are medians of per-round ratios. ``--control`` reverts the shim for the whole round, so both columns
+are FlashInfer's: their ratio is what the benchmark's order (a round's first turn against its last) makes of no
+difference at all (only for functions timed alone: the attention rows); ``--alternate`` times FlashInfer's turn
+first in every other round (built and planned with the shim reverted), so that the order's bias cancels.
 
-    python benchmarks/p1_declared.py [--save]
+    python benchmarks/p1_declared.py [--save] [--control] [--alternate]
 """
 
 from __future__ import annotations
@@ -208,12 +211,31 @@ FUNCTIONS = {"rmsnorm": rmsnorm, "apply_rope_pos_ids": apply_rope_pos_ids, "silu
              **{f"{kind}_plan": _wrapper_plan(kind) for kind in WRAPPERS}}
 
 
-def measure(configs, hidden, calls, rounds) -> dict:
+def measure(configs, hidden, calls, rounds, control=False, alternate=False) -> dict:
     """Per (function, M): the median microseconds of each candidate over ``rounds``. Each round times every
-    configuration with the shim applied, then reverts once and times FlashInfer's function alone."""
+    configuration with the shim applied (``control``: reverted), then reverts once and times FlashInfer's function
+    alone; with ``alternate`` every other round times FlashInfer's turn first."""
     per_round = {config: {} for config in configs}
-    for _ in range(rounds):
+
+    def turn(column, publics) -> None:
+        for config, public in publics.items():
+            for _ in range(5):
+                public()
+            per_round[config].setdefault(column, []).append(timed(public, calls, torch.cuda.synchronize))
+
+    for round_number in range(rounds):
+        if alternate and round_number % 2:  # FlashInfer's turn first: built and planned with the shim reverted
+            fp4_dynamo_shim.revert()
+            publics = {(name, tokens): FUNCTIONS[name](tokens, hidden)["public"] for (name, tokens) in configs}
+            turn("flashinfer", publics)
+            if not control:
+                assert fp4_dynamo_shim.apply()
+            turn("shim", publics)
+            assert fp4_dynamo_shim.apply()
+            continue
         publics = {}
+        if control:  # the whole round FlashInfer's: built, planned and timed in both turns with the shim reverted
+            fp4_dynamo_shim.revert()
         # Built again after each apply(): revert() destroyed the ops the previous round's closures held.
         for (name, tokens) in configs:
             candidates = FUNCTIONS[name](tokens, hidden)
@@ -225,10 +247,7 @@ def measure(configs, hidden, calls, rounds) -> dict:
             for candidate, function in candidates.items():
                 per_round[(name, tokens)].setdefault(candidate, []).append(timed(function, calls, torch.cuda.synchronize))
         fp4_dynamo_shim.revert()
-        for config, public in publics.items():
-            for _ in range(5):
-                public()
-            per_round[config].setdefault("flashinfer", []).append(timed(public, calls, torch.cuda.synchronize))
+        turn("flashinfer", publics)
         assert fp4_dynamo_shim.apply()
     results = {}
     for config, values in per_round.items():
@@ -249,8 +268,15 @@ def main() -> int:
     parser.add_argument("--functions", nargs="+", choices=sorted(FUNCTIONS), default=sorted(FUNCTIONS))
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--alternate", action="store_true",
+                        help="every other round FlashInfer's turn first, so that the order's bias cancels")
+    parser.add_argument("--control", action="store_true",
+                        help="the whole round with the shim reverted: the ratio is the benchmark's own bias")
     add_save_option(parser)
     options = parser.parse_args()
+    with_op_columns = {"rmsnorm", "apply_rope_pos_ids", "silu_and_mul", "top_k_sampling_from_probs"}
+    if (options.control or options.alternate) and with_op_columns & set(options.functions):
+        parser.error(f"--control and --alternate time functions alone; with op columns: {sorted(with_op_columns)}")
     if not torch.cuda.is_available():
         print("P1 needs a GPU", file=sys.stderr)
         return 2
@@ -260,7 +286,7 @@ def main() -> int:
         return 2
     rows, results = [], []
     measured = measure([(name, tokens) for name in options.functions for tokens in options.tokens], options.hidden,
-                       options.calls, options.rounds)
+                       options.calls, options.rounds, options.control, options.alternate)
     for (name, tokens), values in measured.items():
         result = {"function": name, "tokens": tokens, **values}
         results.append(result)
@@ -274,7 +300,9 @@ def main() -> int:
     print(write("p1_declared", {
         "benchmark": "P1 for FlashInfer's declared ops: eager cost with every declared op on",
         "when": now(), "environment": environment(), "hidden": options.hidden, "calls": options.calls,
-        "rounds": options.rounds, "command": " ".join(["python"] + sys.argv), "results": results,
+        "rounds": options.rounds, "control": options.control, "alternate": options.alternate,
+        "command": " ".join(["python"] + sys.argv),
+        "results": results,
     }, options.save))
     return 0
 
