@@ -1,16 +1,18 @@
 """Break the shim on purpose, one behaviour at a time, and require a named test to fail each time.
 
 Every entry of ``mutations.toml`` replaces snippets of ``src/`` (each must occur exactly once) in a temporary
-copy of the project and runs the tests it names there; the mutation is caught when one of them fails. The
-unmutated copy must pass the same tests first, here or in the JUnit reports of a run of this checkout
-(``--baseline-from``, as CI does). ``--from`` runs a ``gpu_mutants.py pack`` file instead (docs/testing.md).
+copy of the project and runs the tests it names there; the mutation is caught when one of them fails. A catch
+counts once the test that failed passes on the unmutated copy, run the same way (in a fork) after the mutations;
+``--baseline-from`` JUnit reports of a run of this checkout, in which every named test must have passed, make a
+broken checkout fail before any mutation runs (CI). ``--from`` runs a ``gpu_mutants.py pack`` file instead
+(docs/testing.md).
 
 With a CPU-only torch each mutation's pytest is a fork of this process, which has imported torch, Dynamo,
 FlashInfer, Hypothesis and pytest once (never the shim or the tests, which come from the mutated copy):
 those imports were 7 to 8 s of each mutation's 10 s; it has also compiled one small function, so that no fork
 repeats a first compile's set-up (23 mutations with their baseline: 45 -> 29 s). With a CUDA torch each is a fresh interpreter, since
 CUDA cannot be used in a forked child once the parent touched it. Exits 1 when a mutation survives, when a
-snippet is missing or ambiguous, or when the unmutated baseline fails.
+snippet is missing or ambiguous, or when a catching test fails unmutated too.
 """
 
 from __future__ import annotations
@@ -97,18 +99,25 @@ def _environment(tree: Path) -> dict:
     return environment
 
 
-def _pytest_arguments(tests: tuple, report: Path) -> list:
-    return ["-q", "-x", "-p", "no:cacheprovider", f"--junitxml={report}", *tests]
+def _pytest_arguments(tests: tuple, report: Path, first_failure_ends: bool = True) -> list:
+    return ["-q", *(["-x"] if first_failure_ends else []), "-p", "no:cacheprovider", f"--junitxml={report}", *tests]
+
+
+def node_id(case) -> str:
+    """pytest's id of a JUnit case (``tests/fp4/test_op.py::test_x[param]``); a module that failed to collect has
+    no test of its own: ``tests/fp4/test_op.py::`` for it."""
+    module, test = (case.classname, case.name) if case.classname else (case.name, "")
+    return f"{module.replace('.', '/')}.py::{test}"
 
 
 def failed_tests(report: Path) -> list:
-    """``classname::name: first line of the failure`` per failed test (the line tells a kill by the mutation
-    from one by something else: a lost GPU, a taken port)."""
+    """``node id: first line of the failure`` per failed test (the line tells a kill by the mutation from one by
+    something else: a lost GPU, a taken port)."""
     failed = []
     for case in junit_reports.cases([report] if report.exists() else []):
         if case.outcome == "failed":
             message = case.message.strip().splitlines()
-            failed.append(f"{case.classname}::{case.name}: {message[0][:160] if message else ''}")
+            failed.append(f"{node_id(case)}: {message[0][:160] if message else ''}")
     return failed
 
 
@@ -144,7 +153,7 @@ def warm_compile() -> None:
     torch._dynamo.reset()
 
 
-def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
+def fork_tests(tree: Path, tests: tuple, report: Path, log: Path, first_failure_ends: bool) -> int:
     """Start pytest over ``tests`` in a fork of this process, in ``tree``; returns the child's pid."""
     pid = os.fork()
     if pid:
@@ -161,7 +170,7 @@ def fork_tests(tree: Path, tests: tuple, report: Path, log: Path) -> int:
         sys.path.insert(0, str(tree / "src"))
         import pytest
 
-        code = int(pytest.main(_pytest_arguments(tests, report)))
+        code = int(pytest.main(_pytest_arguments(tests, report, first_failure_ends)))
         sys.stdout.flush()
         sys.stderr.flush()
     finally:
@@ -176,14 +185,15 @@ class Runs:
         self.timeout, self.forking = timeout, forking
         self.running = {}  # pid or Popen -> (started, key, report, log)
 
-    def start(self, key, tree: Path, tests: tuple, scratch: Path) -> None:
+    def start(self, key, tree: Path, tests: tuple, scratch: Path, first_failure_ends: bool = True) -> None:
         report, log = scratch / f"{tree.name}.xml", scratch / f"{tree.name}.log"
         report.unlink(missing_ok=True)
         if self.forking:
-            handle = fork_tests(tree, tests, report, log)
+            handle = fork_tests(tree, tests, report, log, first_failure_ends)
         else:
+            arguments = _pytest_arguments(tests, report, first_failure_ends)
             with open(log, "w") as out:
-                handle = subprocess.Popen([sys.executable, "-m", "pytest", *_pytest_arguments(tests, report)], cwd=tree,
+                handle = subprocess.Popen([sys.executable, "-m", "pytest", *arguments], cwd=tree,
                                           env=_environment(tree), stdout=out, stderr=subprocess.STDOUT)
         self.running[handle] = (time.perf_counter(), key, report, log)
 
@@ -259,8 +269,9 @@ def outcome(mutation: Mutation, code, failed: list, started: float) -> dict:
         result, detail = "caught", caught[0]
     else:
         result, detail = "SURVIVED", failed[0] if failed else "every named test passed"
+    by = caught[0].split(": ")[0] if result == "caught" and caught else None  # the test whose failure caught it
     return {"name": mutation.name, "result": result, "detail": detail, "seconds": time.perf_counter() - started,
-            "tests": list(mutation.tests)}
+            "tests": list(mutation.tests), "caught_by": by}
 
 
 def run_all(trees: list, selected: list, runs: Runs, scratch: Path, report) -> None:
@@ -284,27 +295,31 @@ def run_all(trees: list, selected: list, runs: Runs, scratch: Path, report) -> N
         report(outcome(mutation, code, failed, started.pop(tree)))
 
 
-def baseline(trees: list, tests: tuple, options, scratch: Path, forking: bool) -> Optional[str]:
-    """Why the unmutated tree does not pass the named tests, or None; they run the way the mutations will, split
-    over the trees. With ``--baseline-from`` the reports stand for the tests marked ``slow`` (each starts fresh
-    interpreters, which a fork cannot change), and in forks the rest run here anyway."""
-    selection = ()
-    if options.baseline_from:
-        missing = passed_in_reports(tests, options.baseline_from)
-        if missing:
-            return f"{len(missing)} named tests did not pass in the given reports ({missing[:3]})"
-        if not forking:
-            return None
-        selection = ("-m", "not slow")
-    runs, failures = Runs(options.timeout * 4, forking), []
+def confirm_catches(trees: list, results: list, options, scratch: Path, forking: bool) -> Optional[str]:
+    """Run, on the unmutated trees and the way the mutations ran, the test that caught each mutation (its named
+    tests where the catch was a timeout, a crash or a module that failed to collect); a catch whose test fails
+    there too says nothing of the mutation: it becomes VOID. Returns why the run itself failed, or None. With
+    ``--baseline-from`` the reports stand for the tests marked slow (each starts fresh interpreters, which a fork
+    cannot change)."""
+    wanted = {r["name"]: (r["caught_by"],) if r["caught_by"] and not r["caught_by"].endswith("::") else
+              tuple(r["tests"]) for r in results if r["result"] == "caught"}
+    tests = sorted({test for named in wanted.values() for test in named})
+    runs, failed, problems = Runs(options.timeout * 4, forking), [], []
+    selection = ("-m", "not slow") if options.baseline_from and forking else ()
     for tree, chunk in zip(trees, [tests[i::len(trees)] for i in range(len(trees))]):
         if chunk:  # an empty chunk would be pytest with no test named: the whole suite
-            runs.start(tree, tree, chunk + selection, scratch)
+            runs.start(tree, tree, tuple(chunk) + selection, scratch, first_failure_ends=False)
     while runs.running:
-        _, code, failed = runs.wait()
-        if code not in (0, 5):  # 5: every test of the chunk deselected
-            failures += failed or [f"pytest exit {code}"]
-    return f"the unmutated tree fails the named tests ({failures[:3]})" if failures else None
+        _, code, failures = runs.wait()
+        failed += [f for f in failures if not f.startswith("pytest exit")]
+        if code not in (0, 1, 5):  # 5: every test of the chunk deselected
+            problems.append(f"pytest exit {code}: {failures[-1] if failures else ''}")
+    for result in results:
+        for test in wanted.get(result["name"], ()):
+            failing = [f for f in failed if f.startswith((test + ":", test + "[", test + "::"))]
+            if failing:
+                result["result"], result["detail"] = "VOID", f"fails unmutated too: {failing[0]}"
+    return "; ".join(problems) or None
 
 
 def load_mutations(path: Path) -> tuple:
@@ -321,8 +336,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutations run at once (default 2)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per mutation")
     parser.add_argument("--baseline-from", nargs="+", type=Path, metavar="JUNIT",
-                        help="JUnit reports of a run of this checkout in which every named test passed (skips the "
-                             "baseline run)")
+                        help="JUnit reports of a run of this checkout: fail at once unless every named test passed there")
     parser.add_argument("--no-fork", action="store_true", help="a fresh interpreter per mutation")
     parser.add_argument("--from", dest="source", type=Path, metavar="PACKED",
                         help="the mutations of this gpu_mutants.py pack file instead of the curated list")
@@ -353,20 +367,27 @@ def main() -> int:
             options.json.write_text(json.dumps({"commit": packed_at, "results": results}, indent=1) + "\n")
         print(f"{result['result']:8} {result['name']:44} {result['detail']} [{result['seconds']:.0f} s]", flush=True)
 
+    if options.baseline_from:
+        missing = passed_in_reports(tuple(sorted({test for m in selected for test in m.tests})), options.baseline_from)
+        if missing:
+            print(f"baseline: {len(missing)} named tests did not pass in the given reports ({missing[:3]}); fix that first")
+            return 1
     with tempfile.TemporaryDirectory() as scratch:
         trees = [copy_project(Path(scratch) / f"tree{i}") for i in range(max(1, options.jobs))]
-        baseline_tests = tuple(sorted({test for m in selected for test in m.tests}))
-        problem = baseline(trees, baseline_tests, options, Path(scratch), forking)
-        if problem:
-            print(f"baseline: {problem}; fix that first")
-            return 1
-        print(f"baseline: the {len(baseline_tests)} named tests pass unmutated ({time.perf_counter() - started:.0f} s)",
-              flush=True)
         run_all(trees, selected, Runs(options.timeout, forking), Path(scratch), report)
+        begun = time.perf_counter()
+        problem = confirm_catches(trees, results, options, Path(scratch), forking)
+    voided = [r for r in results if r["result"] == "VOID"]
+    for result in voided:
+        print(f"{result['result']:8} {result['name']:44} {result['detail']}")
+    if options.json:
+        options.json.write_text(json.dumps({"commit": packed_at, "results": results}, indent=1) + "\n")
+    print(f"unmutated: the tests that caught {len(results) - len(voided)} mutations pass on the unmutated copy "
+          f"({time.perf_counter() - begun:.0f} s)" if not problem else f"unmutated: {problem}", flush=True)
     bad = [r for r in results if r["result"] != "caught"]
     print(f"{len(results) - len(bad)}/{len(results)} mutations caught in {time.perf_counter() - started:.0f} s"
           + (f"; not caught: {', '.join(r['name'] for r in bad)}" if bad else ""))
-    return 1 if bad else 0
+    return 1 if bad or problem else 0
 
 
 if __name__ == "__main__":
