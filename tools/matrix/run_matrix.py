@@ -364,6 +364,9 @@ def main() -> int:
     parser.add_argument("--no-newest", dest="newest", action="store_false",
                         help="do not add the registry's highest release to --versions")
     options = parser.parse_args()
+    # Each leg gets its share of the cores for torch's threads: two legs on 2 cores, each with a thread per
+    # core, wait on each other's threads (a user's OMP_NUM_THREADS stands).
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // max(1, options.jobs))))
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fp4-matrix-") as scratch:
         legs, refusals = run_all(options, Path(scratch))
