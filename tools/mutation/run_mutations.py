@@ -352,6 +352,9 @@ def main() -> int:
     else:
         selected = [m for m in mutations if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
+    # Each run at once gets its share of the cores for torch's threads, before torch is imported (forks inherit
+    # it, fresh interpreters read it); a user's OMP_NUM_THREADS stands.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // max(1, options.jobs))))
     import torch  # forking is safe while no CUDA context exists; a CPU-only torch never makes one
 
     forking = not options.no_fork and hasattr(os, "fork") and torch.version.cuda is None
