@@ -46,8 +46,8 @@ hypothesis.settings.load_profile("mutmut" if "MUTANT_UNDER_TEST" in os.environ e
 def pytest_configure(config):
     """Each xdist worker takes its share of the cores for torch's threads, and hands it on to the interpreters
     it starts: with torch's default of one thread per core in every worker, the workers' threads wait on each
-    other, and on 2 cores the README command took 137 s against 117 s this way (the CPU reference on a
-    128 x 2048 input about ten times as long). A user's OMP_NUM_THREADS stands."""
+    other: on 2 cores the README command's pytest took 141 s against 112 s this way (the CPU reference on a
+    128 x 2048 input about forty times as long). A user's OMP_NUM_THREADS stands."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)

@@ -47,7 +47,7 @@ def test_a_catch_by_a_test_that_fails_unmutated_too_is_void(tmp_path):
     """A mutation counts as caught only when the test that caught it passes on the unmutated copy, run the same
     way; here in a project of one function, where one named test fails whatever the code says."""
     project = tmp_path / "project"
-    for name in ("mutation/run_mutations.py", "junit_reports.py"):
+    for name in ("mutation/run_mutations.py", "junit_reports.py", "cores.py"):
         (project / "tools" / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / "tools" / name, project / "tools" / name)
     (project / "src").mkdir()

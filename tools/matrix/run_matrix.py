@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from compatibility import check_files, read_leg, render
+import cores  # noqa: E402  (in tools/, on the path since compatibility's import)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -364,9 +365,7 @@ def main() -> int:
     parser.add_argument("--no-newest", dest="newest", action="store_false",
                         help="do not add the registry's highest release to --versions")
     options = parser.parse_args()
-    # Each leg gets its share of the cores for torch's threads: two legs on 2 cores, each with a thread per
-    # core, wait on each other's threads (a user's OMP_NUM_THREADS stands).
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // max(1, options.jobs))))
+    cores.share_among(options.jobs)  # legs of 150 s took 80 s with one thread each on 2 cores
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fp4-matrix-") as scratch:
         legs, refusals = run_all(options, Path(scratch))

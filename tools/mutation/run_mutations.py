@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cores  # noqa: E402
 import junit_reports  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -352,9 +353,7 @@ def main() -> int:
     else:
         selected = [m for m in mutations if not m.gpu and (options.all or m.fast)]
     started = time.perf_counter()
-    # Each run at once gets its share of the cores for torch's threads, before torch is imported (forks inherit
-    # it, fresh interpreters read it); a user's OMP_NUM_THREADS stands.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // max(1, options.jobs))))
+    cores.share_among(options.jobs)  # before torch is imported: forks inherit it, fresh interpreters read it
     import torch  # forking is safe while no CUDA context exists; a CPU-only torch never makes one
 
     forking = not options.no_fork and hasattr(os, "fork") and torch.version.cuda is None
@@ -364,10 +363,13 @@ def main() -> int:
               flush=True)
     results = []
 
-    def report(result: dict) -> None:
-        results.append(result)
+    def save() -> None:  # after each result, so a run cut short keeps what it found
         if options.json:
             options.json.write_text(json.dumps({"commit": packed_at, "results": results}, indent=1) + "\n")
+
+    def report(result: dict) -> None:
+        results.append(result)
+        save()
         print(f"{result['result']:8} {result['name']:44} {result['detail']} [{result['seconds']:.0f} s]", flush=True)
 
     if options.baseline_from:
@@ -383,8 +385,7 @@ def main() -> int:
     voided = [r for r in results if r["result"] == "VOID"]
     for result in voided:
         print(f"{result['result']:8} {result['name']:44} {result['detail']}")
-    if options.json:
-        options.json.write_text(json.dumps({"commit": packed_at, "results": results}, indent=1) + "\n")
+    save()
     print(f"unmutated: the tests that caught {len(results) - len(voided)} mutations pass on the unmutated copy "
           f"({time.perf_counter() - begun:.0f} s)" if not problem else f"unmutated: {problem}", flush=True)
     bad = [r for r in results if r["result"] != "caught"]
