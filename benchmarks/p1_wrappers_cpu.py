@@ -8,7 +8,8 @@ pinned host buffer is an ordinary one (CPU torch has no pinned memory). What is 
 its small allocations, with and without what the layer adds: the worst case for the ratio, since a GPU launch only
 adds to both sides. Each round times the shim applied (FP4_DYNAMO_SHIM_FLASHINFER_OPS=all) and reverted, the
 shim's turn first in even rounds and FlashInfer's first in odd ones, so that what the order alone does to a turn
-cancels in the median; the ratio is the median of per-round ratios. The GPU's figures are P1's rows (``benchmarks/p1_declared.py``).
+cancels in the median; the ratio is the median of per-round ratios. The GPU's figures are P1's rows
+(``benchmarks/p1_declared.py``).
 
     python benchmarks/p1_wrappers_cpu.py [--functions NAME...] [--calls N] [--rounds N] [--save]
 """
@@ -153,17 +154,19 @@ def main() -> int:
     for name in options.functions:
         call = FUNCTIONS[name][1]()
         shim, alone = [], []
-        for round_number in range(options.rounds):
-            if round_number % 2:  # FlashInfer's turn first, so that the order's own cost cancels in the median
-                fp4_dynamo_shim.revert()
-                alone.append(timed(call, options.calls, warmup=50))
-                assert fp4_dynamo_shim.apply()
-                shim.append(timed(call, options.calls, warmup=50))
-                continue
+
+        def shim_turn():
             shim.append(timed(call, options.calls, warmup=50))
+
+        def flashinfer_turn():
             fp4_dynamo_shim.revert()
             alone.append(timed(call, options.calls, warmup=50))
             assert fp4_dynamo_shim.apply()
+
+        for round_number in range(options.rounds):
+            # FlashInfer's turn first in odd rounds, so that the order's own cost cancels in the median
+            for turn in (shim_turn, flashinfer_turn)[::-1 if round_number % 2 else 1]:
+                turn()
         rows[name] = {"function": FUNCTIONS[name][0], "flashinfer_us": statistics.median(alone),
                       "shim_us": statistics.median(shim), "shim_over_flashinfer": median_ratio(shim, alone)}
     print(table(["function", "FlashInfer us", "shim us", "shim/FlashInfer"],
